@@ -1,0 +1,72 @@
+"""shardsim: run sharded training of neural-network layers on a virtual mesh of NumPy chips.
+
+>>> import numpy as np, shardsim
+>>> mesh = shardsim.Mesh(X=2, Y=2)
+>>> x = shardsim.shard(np.arange(16.0).reshape(4, 4), mesh, "B_X D_Y")
+>>> shardsim.all_gather(x, "Y").layout
+Layout('[B_X, D]')
+"""
+
+from __future__ import annotations
+
+from .array import ShapeDtype, ShardedArray, from_local, shard
+from .collectives import all_gather, all_reduce, all_to_all, ppermute, reduce_scatter
+from .errors import (
+    CheckpointError,
+    ChipFailureError,
+    CollectiveError,
+    DivisibilityError,
+    LayoutParseError,
+    MatmulShardingError,
+    MeshAxisError,
+    MeshMismatchError,
+    OutOfMemoryError,
+    PartialSumError,
+    ShapeError,
+    ShapeOnlyError,
+    ShardingError,
+    ShardsimError,
+)
+from .layout import Layout
+from .mesh import Mesh
+from .ops import activation, activation_grad, cast, matmul
+from .show import show
+from .trace import Trace, phase, trace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Mesh",
+    "Layout",
+    "ShardedArray",
+    "ShapeDtype",
+    "shard",
+    "from_local",
+    "all_gather",
+    "reduce_scatter",
+    "all_reduce",
+    "all_to_all",
+    "ppermute",
+    "matmul",
+    "activation",
+    "activation_grad",
+    "cast",
+    "trace",
+    "phase",
+    "Trace",
+    "show",
+    "ShardsimError",
+    "ShardingError",
+    "LayoutParseError",
+    "MeshAxisError",
+    "DivisibilityError",
+    "ShapeError",
+    "MatmulShardingError",
+    "CollectiveError",
+    "PartialSumError",
+    "MeshMismatchError",
+    "ShapeOnlyError",
+    "OutOfMemoryError",
+    "ChipFailureError",
+    "CheckpointError",
+]

@@ -1,0 +1,451 @@
+"""ShardedArray: one value spread over a mesh, every chip's block in one NumPy array.
+
+>>> import numpy as np
+>>> import shardsim
+>>> mesh = shardsim.Mesh(X=2, Y=2)
+>>> x = shardsim.shard(np.arange(16.0).reshape(2, 8), mesh, "B_X D_Y")
+>>> x.layout, x.local_shape
+(Layout('[B_X, D_Y]'), (1, 4))
+>>> x.local(X=1, Y=0)
+array([[ 8.,  9., 10., 11.]])
+>>> bool((x.to_global() == np.arange(16.0).reshape(2, 8)).all())
+True
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _blocks
+from .dtypes import resolve_dtype
+from .errors import (
+    DivisibilityError,
+    MeshMismatchError,
+    PartialSumError,
+    ShapeError,
+    ShapeOnlyError,
+    ShardingError,
+)
+from .layout import Layout
+from .mesh import Mesh
+
+_uids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class ShapeDtype:
+    """A global shape and dtype with no data, like ``jax.ShapeDtypeStruct``.
+
+    ``shard(ShapeDtype((8192, 32768), "bfloat16"), mesh, "D_X F_Y")`` gives a shape-only
+    sharded value: every op, collective, trace event and ledger entry works on it as on data.
+
+    >>> ShapeDtype((4, 8), "float32").nbytes
+    128
+    """
+
+    shape: tuple[int, ...]
+    dtype: Any = "float32"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+        object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+class _LazyMatmul:
+    """A partial sum kept as its operands: every chip's block is ``lhs @ rhs`` (compact data).
+
+    The reduction that clears the partial folds the chip axis into the contraction and runs
+    one large matmul instead of materialising N full-size partials and adding them.
+    """
+
+    __slots__ = ("lhs", "rhs")
+
+    def __init__(self, lhs: np.ndarray, rhs: np.ndarray) -> None:
+        self.lhs, self.rhs = lhs, rhs
+
+    def materialize(self) -> np.ndarray:
+        return _blocks.matmul(self.lhs, self.rhs)
+
+    def block(self, index: tuple[int, ...]) -> np.ndarray:
+        nm = len(index)
+        li = tuple(i if n > 1 else 0 for i, n in zip(index, self.lhs.shape[:nm]))
+        ri = tuple(i if n > 1 else 0 for i, n in zip(index, self.rhs.shape[:nm]))
+        return np.matmul(self.lhs[li], self.rhs[ri])
+
+
+class ShardedArray:
+    """A global array split over a mesh according to a layout such as ``[B_X, D_Y]``.
+
+    Build one with :func:`shard` (from a global array), :func:`from_local` (from every
+    chip's block) or by ops and collectives on others. Attributes: ``mesh``, ``layout``,
+    ``global_shape``, ``local_shape``, ``dtype``, ``label``, ``category``.
+
+    >>> import shardsim, numpy as np
+    >>> w = shardsim.shard(np.ones((4, 8)), shardsim.Mesh(X=2), "D_X F").named("W_in")
+    >>> w
+    ShardedArray(W_in[D_X, F] float64 (4, 8) on Mesh(X=2), local (2, 8))
+    """
+
+    __array_priority__ = 1000  # make ndarray @ ShardedArray defer to us (and fail clearly)
+
+    def __init__(
+        self,
+        mesh: Mesh,
+        layout: Layout,
+        global_shape: tuple[int, ...],
+        dtype: np.dtype,
+        data: np.ndarray | None = None,
+        *,
+        lazy: _LazyMatmul | None = None,
+        label: str | None = None,
+        category: str = "activations",
+        holders: np.ndarray | None = None,
+    ) -> None:
+        """Internal: use :func:`shard`, :func:`from_local` or the ops. Data must be compact."""
+        self.mesh = mesh
+        self.layout = layout
+        self.global_shape = global_shape
+        self.dtype = dtype
+        self.label = label
+        self.uid = next(_uids)
+        self._data = data
+        self._lazy = lazy
+        self._category = category
+        self.holders = holders
+        self.local_shape = local_shape_of(mesh, layout, global_shape)
+        self.local_nbytes = math.prod(self.local_shape) * dtype.itemsize
+        mesh.memory.allocate(self)
+        weakref.finalize(self, mesh.memory.release, self.uid)
+
+    # -- basic properties ---------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.global_shape)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The global shape (as NumPy users expect ``.shape`` to be)."""
+        return self.global_shape
+
+    @property
+    def is_shape_only(self) -> bool:
+        return self._data is None and self._lazy is None
+
+    @property
+    def is_partial(self) -> bool:
+        return bool(self.layout.partial)
+
+    @property
+    def category(self) -> str:
+        return self._category
+
+    def named(self, label: str) -> ShardedArray:
+        """Set the label that traces and pictures show (``W_in``, ``dOut``...); returns self."""
+        self.label = label
+        return self
+
+    def as_category(self, category: str) -> ShardedArray:
+        """Move this value to ledger category ``category`` (params, grads, optimizer...); returns self."""
+        self.mesh.memory.recategorize(self, category)
+        self._category = category
+        return self
+
+    def __repr__(self) -> str:
+        name = self.label or ""
+        what = "shape-only " if self.is_shape_only else ""
+        return (
+            f"ShardedArray({name}{self.layout} {what}{self.dtype} {self.global_shape} on {self.mesh}, "
+            f"local {self.local_shape})"
+        )
+
+    def _repr_html_(self) -> str:
+        from .show import array_html
+
+        return array_html(self)
+
+    # -- data access --------------------------------------------------------------------
+    def compact(self) -> np.ndarray:
+        """The compact stacked data (mesh dims leading, size 1 where replicated), read-only."""
+        if self._lazy is not None:
+            self._data, self._lazy = self._lazy.materialize(), None
+        if self._data is None:
+            raise ShapeOnlyError(
+                f"{self.describe()} is shape-only: it has no data to read. Build it from a "
+                "NumPy array to get numbers."
+            )
+        return self._data
+
+    def local(self, **coords: int) -> np.ndarray:
+        """The block chip ``coords`` holds, e.g. ``x.local(X=0, Y=1)`` (read-only)."""
+        index = self._chip_index(coords)
+        if self._lazy is not None:
+            block = self._lazy.block(index)
+        else:
+            data = self.compact()
+            nm = len(self.mesh.shape)
+            block = data[tuple(i if n > 1 else 0 for i, n in zip(index, data.shape[:nm]))]
+        block = block.view()
+        block.flags.writeable = False
+        return block
+
+    def blocks(self) -> np.ndarray:
+        """Every chip's block, shape ``mesh.shape + local_shape`` (a read-only broadcast view)."""
+        return np.broadcast_to(self.compact(), self.mesh.shape + self.local_shape)
+
+    def to_global(self) -> np.ndarray:
+        """The whole array as one NumPy array. A partial sum refuses: reduce it first."""
+        if self.layout.partial:
+            axes = self.layout.partial
+            raise PartialSumError(
+                f"{self.describe()} is an unreduced partial sum over {list(axes)}; its global value "
+                f"is the sum of the chips' blocks. Call all_reduce(x, {_axes_arg(axes)}) or "
+                f"reduce_scatter(x, {_axes_arg(axes)}, dim) first."
+            )
+        nm = len(self.mesh.shape)
+        out = _blocks.to_global(self.compact(), self.dims_positions(), nm, self.global_shape)
+        out = out.view()
+        out.flags.writeable = False
+        return out
+
+    def _chip_index(self, coords: dict[str, int]) -> tuple[int, ...]:
+        names = self.mesh.axis_names
+        missing = [a for a in names if a not in coords]
+        extra = [a for a in coords if a not in names]
+        if missing or extra:
+            raise ShardingError(
+                f"local() needs one coordinate per mesh axis {list(names)}"
+                + (f"; missing {missing}" if missing else "")
+                + (f"; unknown {extra}" if extra else "")
+                + f", e.g. local({', '.join(f'{a}=0' for a in names)})"
+            )
+        for a in names:
+            if not 0 <= coords[a] < self.mesh.axis_size(a):
+                raise ShardingError(f"{a}={coords[a]} is out of range: axis {a!r} has size {self.mesh.axis_size(a)}")
+        return tuple(coords[a] for a in names)
+
+    # -- helpers for ops ----------------------------------------------------------------
+    def dims_positions(self) -> list[tuple[int, ...]]:
+        """Mesh positions splitting each dimension (for the block kernels)."""
+        idx = self.mesh.axis_index
+        return [tuple(idx(a) for a in d.axes) for d in self.layout.dims]
+
+    def describe(self) -> str:
+        """``W_in[D_X, F_Y] (8, 16)``: how errors and traces name this value."""
+        return f"{self.label or 'array'}{self.layout} {self.global_shape}"
+
+    # -- operators (implemented in shardsim.ops) ----------------------------------------
+    def __matmul__(self, other: ShardedArray) -> ShardedArray:
+        from .ops import matmul
+
+        return matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> ShardedArray:
+        raise ShardingError(
+            f"cannot multiply a NumPy array by {self.describe()}: shard it first with shardsim.shard(...)"
+        )
+
+    def __add__(self, other: Any) -> ShardedArray:
+        from .ops import add
+
+        return add(self, other)
+
+    __radd__ = __add__
+
+    def __sub__(self, other: Any) -> ShardedArray:
+        from .ops import subtract
+
+        return subtract(self, other)
+
+    def __rsub__(self, other: Any) -> ShardedArray:
+        from .ops import subtract
+
+        return subtract(other, self)
+
+    def __mul__(self, other: Any) -> ShardedArray:
+        from .ops import multiply
+
+        return multiply(self, other)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other: Any) -> ShardedArray:
+        from .ops import divide
+
+        return divide(self, other)
+
+    def __neg__(self) -> ShardedArray:
+        from .ops import multiply
+
+        return multiply(self, -1.0)
+
+    @property
+    def T(self) -> ShardedArray:  # noqa: N802 - NumPy's name
+        """Swap the last two dimensions; each keeps its sharding (``[B_X, D_Y].T == [D_Y, B_X]``)."""
+        from .ops import transpose
+
+        return transpose(self)
+
+    def transpose(self, *order: int) -> ShardedArray:
+        """Permute dimensions (NumPy's ``transpose``); each keeps its sharding."""
+        from .ops import transpose
+
+        return transpose(self, order if order else None)
+
+    def sum(self, dim: str | int, *, label: str | None = None) -> ShardedArray:
+        """Sum over a dimension; over a split dimension the result is a partial sum over its axes."""
+        from .ops import sum_dim
+
+        return sum_dim(self, dim, label=label)
+
+
+def local_shape_of(mesh: Mesh, layout: Layout, global_shape: Sequence[int]) -> tuple[int, ...]:
+    """Each chip's block shape; raises DivisibilityError naming the dim, axes and sizes."""
+    if len(global_shape) != layout.rank:
+        raise ShapeError(
+            f"layout {layout} has {layout.rank} dimensions but the array has shape "
+            f"{tuple(global_shape)} ({len(global_shape)} dimensions)"
+        )
+    out = []
+    for n, d in zip(global_shape, layout.dims):
+        parts = mesh.axis_size(d.axes) if d.axes else 1
+        if n % parts:
+            sizes = " x ".join(f"{a}={mesh.axis_size(a)}" for a in d.axes)
+            fits = [k for k in range(max(parts, 1), n + parts + 1, parts) if k][:3]
+            raise DivisibilityError(
+                f"dimension {d.name} of size {n} does not divide by mesh axes {list(d.axes)} "
+                f"({sizes} = {parts} chips) in layout {layout} on {mesh}. Use a size that is a "
+                f"multiple of {parts} (e.g. {fits}) or split {d.name} over fewer axes."
+            )
+        out.append(n // parts)
+    return tuple(out)
+
+
+def compact_shape(mesh: Mesh, layout: Layout, local_shape: Sequence[int]) -> tuple[int, ...]:
+    used = set(layout.used_axes())
+    return tuple(s if a in used else 1 for a, s in zip(mesh.axis_names, mesh.shape)) + tuple(local_shape)
+
+
+def _axes_arg(axes: tuple[str, ...]) -> str:
+    return repr(axes[0]) if len(axes) == 1 else repr(axes)
+
+
+def _parse(layout: str | Layout, mesh: Mesh) -> Layout:
+    return Layout.parse(layout, mesh.axis_names).validate(mesh.axis_names)
+
+
+def shard(
+    array: Any,
+    mesh: Mesh,
+    layout: str | Layout,
+    *,
+    label: str | None = None,
+    category: str = "activations",
+) -> ShardedArray:
+    """Split a global array over ``mesh`` as ``layout`` says, e.g. ``"[B_X, D_Y]"``.
+
+    ``array`` is anything NumPy accepts, or a :class:`ShapeDtype` for a shape-only value. The
+    blocks are read-only views of the array (no copy): changing the array later changes them.
+
+    >>> import shardsim, numpy as np
+    >>> w = shardsim.shard(np.zeros((4, 8), np.float32), shardsim.Mesh(X=2, Y=2), "D_X F_Y")
+    >>> w.local_shape
+    (2, 4)
+    """
+    lay = _parse(layout, mesh)
+    if lay.partial:
+        raise PartialSumError(
+            f"shard() splits a global array, which is never a partial sum ({lay}); build partial "
+            "values from every chip's block with shardsim.from_local(blocks, mesh, layout)"
+        )
+    if isinstance(array, ShapeDtype):
+        return ShardedArray(mesh, lay, array.shape, array.dtype, None, label=label, category=category)
+    if isinstance(array, ShardedArray):
+        raise ShardingError(f"{array.describe()} is already sharded; use shardsim.reshard to change its layout")
+    data = np.asarray(array)
+    if data.dtype.kind not in "fiucb" and data.dtype.name != "bfloat16":
+        raise ShardingError(f"cannot shard an array of dtype {data.dtype}; use a numeric dtype")
+    shape = tuple(data.shape)
+    local_shape_of(mesh, lay, shape)  # validates rank and divisibility with a clear message
+    idx = mesh.axis_index
+    compact = _blocks.from_global(data, [tuple(idx(a) for a in d.axes) for d in lay.dims], mesh.shape)
+    compact = compact.view()
+    compact.flags.writeable = False
+    return ShardedArray(mesh, lay, shape, data.dtype, compact, label=label, category=category)
+
+
+def from_local(
+    blocks: Any,
+    mesh: Mesh,
+    layout: str | Layout,
+    *,
+    label: str | None = None,
+    category: str = "activations",
+) -> ShardedArray:
+    """Build a value from every chip's block, stacked as ``mesh.shape + local_shape``.
+
+    Like DTensor's ``from_local``: the only way to make a partial sum ``{U_X}`` from data.
+    Along an axis the layout calls replicated, all blocks must be equal.
+
+    >>> import shardsim, numpy as np
+    >>> mesh = shardsim.Mesh(X=2)
+    >>> p = shardsim.from_local(np.array([[[1.0]], [[2.0]]]), mesh, "[A, B]{U_X}")
+    >>> shardsim.all_reduce(p, "X").to_global()
+    array([[3.]])
+    """
+    lay = _parse(layout, mesh)
+    data = np.asarray(blocks)
+    nm = len(mesh.shape)
+    if data.shape[:nm] != mesh.shape or data.ndim != nm + lay.rank:
+        raise ShapeError(
+            f"from_local needs blocks of shape mesh.shape + local_shape = {mesh.shape} + "
+            f"(rank {lay.rank} block), got {data.shape} for layout {lay}"
+        )
+    local = data.shape[nm:]
+    global_shape = tuple(
+        n * (mesh.axis_size(d.axes) if d.axes else 1) for n, d in zip(local, lay.dims)
+    )
+    used = set(lay.used_axes())
+    for p, a in enumerate(mesh.axis_names):
+        if a not in used:
+            first = np.take(data, [0], axis=p)
+            if not np.array_equal(np.broadcast_to(first, data.shape), data, equal_nan=True):
+                raise ShardingError(
+                    f"layout {lay} says the value is replicated over {a!r}, but the blocks differ "
+                    f"along {a!r}; split a dimension over {a!r} or mark it partial {{U_{a}}}"
+                )
+            data = first
+    data = data.view()
+    data.flags.writeable = False
+    return ShardedArray(mesh, lay, global_shape, data.dtype, data, label=label, category=category)
+
+
+def check_same_mesh(*arrays: ShardedArray) -> Mesh:
+    """The mesh all ``arrays`` live on, or MeshMismatchError naming them."""
+    mesh = arrays[0].mesh
+    for a in arrays[1:]:
+        if a.mesh is not mesh:
+            raise MeshMismatchError(
+                f"{arrays[0].describe()} lives on {mesh} and {a.describe()} on another mesh {a.mesh}; "
+                "build both on one Mesh object"
+            )
+    return mesh
+
+
+def check_same_kind(*arrays: ShardedArray) -> bool:
+    """True if all have data, False if all are shape-only; mixing is ShapeOnlyError."""
+    kinds = {a.is_shape_only for a in arrays}
+    if len(kinds) > 1:
+        names = ", ".join(f"{a.describe()} ({'shape-only' if a.is_shape_only else 'data'})" for a in arrays)
+        raise ShapeOnlyError(f"cannot mix shape-only values and values with data in one op: {names}")
+    return not kinds.pop()

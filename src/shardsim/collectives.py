@@ -1,0 +1,296 @@
+"""The collectives, each a pure function from ShardedArray to ShardedArray.
+
+Semantics follow ``jax.lax`` inside ``shard_map`` and PyTorch DTensor placements (see
+``docs/collectives.md``); as subscript algebra (the scaling book's table):
+
+=================  ===================================  ============================
+collective         layout                               jax.lax
+=================  ===================================  ============================
+all_gather         ``[A_X, B] -> [A, B]``               ``all_gather(tiled=True)``
+reduce_scatter     ``[A, B]{U_X} -> [A_X, B]``          ``psum_scatter(tiled=True)``
+all_reduce         ``[A_X, B]{U_Y} -> [A_X, B]``        ``psum``
+all_to_all         ``[A, B_X] -> [A_X, B]``             ``all_to_all``
+ppermute           layout unchanged, blocks move        ``ppermute``
+=================  ===================================  ============================
+
+Every call appends one event to the active traces with the bytes each chip sends and
+receives under the ring algorithm: AllGather and ReduceScatter move (N-1)/N of the
+unsharded array per chip, AllReduce twice that, AllToAll (N-1)/N of the local block.
+
+>>> import numpy as np, shardsim
+>>> mesh = shardsim.Mesh(X=2, Y=2)
+>>> x = shardsim.shard(np.arange(8.0).reshape(2, 4), mesh, "B_X D_Y")
+>>> shardsim.all_gather(x, "Y").layout
+Layout('[B_X, D]')
+>>> shardsim.all_to_all(x, "X", "B", "D").layout
+Layout('[B, D_YX]')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from . import _blocks, trace
+from .array import ShardedArray, _LazyMatmul, local_shape_of
+from .errors import ChipFailureError, CollectiveError, ShardingError
+from .layout import Layout
+from .mesh import normalize_axes
+
+Axes = str | Iterable[str]
+
+
+def all_gather(x: ShardedArray, axis: Axes, *, label: str | None = None) -> ShardedArray:
+    """Un-split the dimension split over ``axis``: ``[B_X, D] -> [B, D]`` (AllGather_X).
+
+    ``axis`` must be the minor end of that dimension's split (``D_XY``: gather ``Y`` or
+    ``("X", "Y")``), so the blocks concatenate in global order.
+    """
+    axes = _axes(x, axis)
+    dim = _split_dim(x, axes, "all_gather")
+    d = x.layout.dims[dim]
+    layout = x.layout.with_dim(dim, d.axes[: len(d.axes) - len(axes)])
+    _check_alive(x, "all_gather", axes)
+    data = None
+    if not x.is_shape_only:
+        data = _blocks.merge_into_local(x.compact(), _nm(x), _positions(x, axes), dim)
+    out = _new(x, layout, data, label)
+    n = x.mesh.axis_size(axes)
+    moved = (n - 1) * x.local_nbytes
+    trace.record("all_gather", axes, [x], out, sent_bytes=moved, received_bytes=moved, **_sizes(out, n))
+    return out
+
+
+def reduce_scatter(x: ShardedArray, axis: Axes, dim: str | int, *, label: str | None = None) -> ShardedArray:
+    """Sum the partials over ``axis`` and split ``dim`` over it: ``[A, B]{U_X} -> [A_X, B]``."""
+    axes = _axes(x, axis)
+    _check_partial(x, axes, "reduce_scatter")
+    i = x.layout.dim_index(dim)
+    layout = x.layout.with_dim(i, x.layout.dims[i].axes + axes)
+    layout = layout.with_partial(a for a in x.layout.partial if a not in axes)
+    local_shape_of(x.mesh, layout, x.global_shape)  # DivisibilityError before any work
+    _check_alive(x, "reduce_scatter", axes)
+    data = None
+    if not x.is_shape_only:
+        reduced = _reduce(x, axes)
+        if isinstance(reduced, _LazyMatmul):
+            reduced = reduced.materialize()
+        data = _blocks.split_local(reduced, _nm(x), _positions(x, axes), [x.mesh.axis_size(a) for a in axes], i)
+    out = _new(x, layout, data, label)
+    n = x.mesh.axis_size(axes)
+    moved = (n - 1) * out.local_nbytes
+    trace.record("reduce_scatter", axes, [x], out, sent_bytes=moved, received_bytes=moved, **_sizes(x, n))
+    return out
+
+
+def all_reduce(x: ShardedArray, axis: Axes, *, label: str | None = None) -> ShardedArray:
+    """Sum the partials over ``axis``; every chip of the group gets the sum: ``{U_X}`` cleared."""
+    axes = _axes(x, axis)
+    _check_partial(x, axes, "all_reduce")
+    layout = x.layout.with_partial(a for a in x.layout.partial if a not in axes)
+    _check_alive(x, "all_reduce", axes)
+    data, lazy = None, None
+    if not x.is_shape_only:
+        reduced = _reduce(x, axes)
+        lazy, data = (reduced, None) if isinstance(reduced, _LazyMatmul) else (None, reduced)
+    out = _new(x, layout, data, label, lazy=lazy)
+    n = x.mesh.axis_size(axes)
+    moved = 2 * (n - 1) * x.local_nbytes // n
+    trace.record("all_reduce", axes, [x], out, sent_bytes=moved, received_bytes=moved, **_sizes(x, n))
+    return out
+
+
+def all_to_all(
+    x: ShardedArray, axis: Axes, src_dim: str | int, dst_dim: str | int, *, label: str | None = None
+) -> ShardedArray:
+    """Move the split over ``axis`` from ``src_dim`` to ``dst_dim``: ``[A, B_X] -> [A_X, B]``.
+
+    In ``jax.lax.all_to_all`` terms, ``dst_dim`` is ``split_axis`` and ``src_dim`` is
+    ``concat_axis``.
+    """
+    axes = _axes(x, axis)
+    src = x.layout.dim_index(src_dim)
+    dst = x.layout.dim_index(dst_dim)
+    if src == dst:
+        raise CollectiveError(f"all_to_all of {x.describe()}: src_dim and dst_dim are both {x.layout.dims[src]}")
+    got = _split_dim(x, axes, "all_to_all")
+    if got != src:
+        raise CollectiveError(
+            f"all_to_all of {x.describe()}: {_fmt(axes)} splits {x.layout.dims[got]}, not "
+            f"src_dim {x.layout.dims[src]}; pass src_dim={x.layout.dims[got].name!r}"
+        )
+    d = x.layout.dims[src]
+    layout = x.layout.with_dim(src, d.axes[: len(d.axes) - len(axes)])
+    layout = layout.with_dim(dst, layout.dims[dst].axes + axes)
+    local_shape_of(x.mesh, layout, x.global_shape)
+    _check_alive(x, "all_to_all", axes)
+    data = None
+    if not x.is_shape_only:
+        pos = _positions(x, axes)
+        gathered = _blocks.merge_into_local(x.compact(), _nm(x), pos, src)
+        data = _blocks.split_local(gathered, _nm(x), pos, [x.mesh.axis_size(a) for a in axes], dst)
+    out = _new(x, layout, data, label)
+    n = x.mesh.axis_size(axes)
+    moved = (n - 1) * x.local_nbytes // n
+    trace.record("all_to_all", axes, [x], out, sent_bytes=moved, received_bytes=moved, **_sizes(x, n))
+    return out
+
+
+def ppermute(
+    x: ShardedArray,
+    axis: Axes,
+    shift: int | None = None,
+    *,
+    perm: Sequence[tuple[int, int]] | None = None,
+    label: str | None = None,
+) -> ShardedArray:
+    """Send every chip's block ``shift`` steps along ``axis`` (a ring): chip i's lands on i+shift.
+
+    ``perm`` instead gives ``(source, destination)`` pairs, as in ``jax.lax.ppermute``; it
+    must be a full permutation of the axis indices. The layout is unchanged; the blocks move.
+    """
+    axes = _axes(x, axis)
+    n = x.mesh.axis_size(axes)
+    src_of = _permutation(n, shift, perm, x)
+    _check_alive(x, "ppermute", axes)
+    data = None
+    if not x.is_shape_only:
+        data = _permute(x.compact(), _positions(x, axes), src_of, x)
+    out = _new(x, x.layout, data, label)
+    moves = any(s != d for d, s in enumerate(src_of))
+    moved = x.local_nbytes if moves else 0
+    trace.record("ppermute", axes, [x], out, sent_bytes=moved, received_bytes=moved, **_sizes(x, n))
+    return out
+
+
+# -- helpers -------------------------------------------------------------------------------
+def _axes(x: ShardedArray, axis: Axes) -> tuple[str, ...]:
+    axes = normalize_axes(axis)
+    for a in axes:
+        x.mesh.check_axis(a)
+    return axes
+
+
+def _nm(x: ShardedArray) -> int:
+    return len(x.mesh.shape)
+
+
+def _positions(x: ShardedArray, axes: tuple[str, ...]) -> list[int]:
+    return [x.mesh.axis_index(a) for a in axes]
+
+
+def _fmt(axes: tuple[str, ...]) -> str:
+    return f"axis {axes[0]!r}" if len(axes) == 1 else f"axes {axes!r}"
+
+
+def _split_dim(x: ShardedArray, axes: tuple[str, ...], op: str) -> int:
+    """The dimension whose split ends with ``axes`` (the minor end), or a CollectiveError."""
+    dims = {x.layout.axis_dim(a) for a in axes}
+    if None in dims:
+        lost = [a for a in axes if x.layout.axis_dim(a) is None]
+        partial = [a for a in lost if a in x.layout.partial]
+        hint = (
+            f"it is a partial sum over {partial}: use all_reduce or reduce_scatter"
+            if partial
+            else f"it is replicated over {lost}, so there is nothing to {op.replace('_', ' ')}"
+        )
+        raise CollectiveError(f"{op} over {_fmt(axes)}: {x.describe()} is not split over {lost}; {hint}")
+    if len(dims) > 1:
+        raise CollectiveError(f"{op} over {_fmt(axes)}: in {x.describe()} those axes split different dimensions; do one at a time")
+    dim = dims.pop()
+    assert dim is not None
+    d = x.layout.dims[dim]
+    if d.axes[len(d.axes) - len(axes) :] != axes:
+        minor = d.axes[len(d.axes) - len(axes) :]
+        raise CollectiveError(
+            f"{op} over {_fmt(axes)}: {d} of {x.describe()} is split over {d.axes} (major first); "
+            f"only its minor end can be un-split without reordering blocks. Use {minor!r}"
+            f"{' or the whole ' + repr(d.axes) if len(d.axes) > len(axes) else ''}."
+        )
+    return dim
+
+
+def _check_partial(x: ShardedArray, axes: tuple[str, ...], op: str) -> None:
+    missing = [a for a in axes if a not in x.layout.partial]
+    if missing:
+        split = [a for a in missing if x.layout.axis_dim(a) is not None]
+        hint = (
+            f"it is split over {split}: use all_gather to un-split it"
+            if split
+            else "there is nothing to sum"
+        )
+        raise CollectiveError(
+            f"{op} over {_fmt(axes)}: {x.describe()} is not a partial sum over {missing}; {hint}"
+        )
+
+
+def _reduce(x: ShardedArray, axes: tuple[str, ...]) -> np.ndarray | _LazyMatmul:
+    pos = _positions(x, axes)
+    if x._lazy is not None:
+        # fold the chip axis into the contraction: one matmul, no N-fold partials
+        lhs, rhs = _blocks.fold_contraction(x._lazy.lhs, x._lazy.rhs, pos)
+        return _LazyMatmul(lhs, rhs)
+    return _blocks.sum_mesh(x.compact(), pos)
+
+
+def _permutation(n: int, shift: int | None, perm: Sequence[tuple[int, int]] | None, x: ShardedArray) -> list[int]:
+    if (shift is None) == (perm is None):
+        raise ShardingError("ppermute takes exactly one of shift=... or perm=[(source, destination), ...]")
+    if shift is not None:
+        return [(d - shift) % n for d in range(n)]
+    assert perm is not None
+    src_of = [-1] * n
+    for s, d in perm:
+        if not (0 <= s < n and 0 <= d < n):
+            raise ShardingError(f"ppermute pair ({s}, {d}) out of range for an axis of size {n}")
+        if src_of[d] != -1:
+            raise ShardingError(f"ppermute: chip {d} receives twice")
+        src_of[d] = s
+    if sorted(src_of) != list(range(n)):
+        raise ShardingError(
+            f"ppermute of {x.describe()}: perm must be a full permutation of 0..{n - 1} so every chip "
+            "keeps a block; got " + repr(list(perm))
+        )
+    return src_of
+
+
+def _permute(c: np.ndarray, positions: list[int], src_of: list[int], x: ShardedArray) -> np.ndarray:
+    varying = [c.shape[p] > 1 for p in positions]
+    if not any(varying):
+        return c  # replicated along the axes: every chip already holds what it receives
+    if not all(varying):
+        names = [x.mesh.axis_names[p] for p, v in zip(positions, varying) if not v]
+        raise CollectiveError(
+            f"ppermute of {x.describe()} over several axes would make it differ along {names}, "
+            f"over which its layout says it is replicated; ppermute over the split axes only"
+        )
+    front = list(range(len(positions)))
+    y = np.moveaxis(c, positions, front)
+    lead = y.shape[: len(positions)]
+    moved = y.reshape((-1,) + y.shape[len(positions) :])[src_of].reshape(y.shape)
+    assert moved.shape[: len(lead)] == lead
+    return np.moveaxis(moved, front, positions)
+
+
+def _new(x: ShardedArray, layout: Layout, data: np.ndarray | None, label: str | None, *, lazy: _LazyMatmul | None = None) -> ShardedArray:
+    return ShardedArray(
+        x.mesh, layout, x.global_shape, x.dtype, data, lazy=lazy, label=label or x.label, category=x.category
+    )
+
+
+def _sizes(x: ShardedArray, n: int) -> dict[str, int]:
+    """The collective's group size and V, the bytes of the array it moves (the book's formulas)."""
+    return {"group_size": n, "array_bytes": x.local_nbytes}
+
+
+def _check_alive(x: ShardedArray, op: str, axes: tuple[str, ...]) -> None:
+    failed = x.mesh.failed
+    if not failed:
+        return
+    chip = min(failed)
+    coords = dict(zip(x.mesh.axis_names, chip))
+    raise ChipFailureError(
+        f"{op} over {_fmt(axes)} of {x.describe()} in the {trace.current_phase()} phase involves "
+        f"failed chip {x.mesh.chip_name(coords)}; restore from a checkpoint onto a mesh without it"
+    )

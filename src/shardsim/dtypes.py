@@ -1,0 +1,49 @@
+"""Dtypes by name, with bfloat16 from the optional ``ml_dtypes`` package.
+
+>>> from shardsim.dtypes import resolve_dtype
+>>> resolve_dtype("float32").itemsize
+4
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .errors import ShardingError
+
+FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
+
+
+def resolve_dtype(dtype: Any) -> np.dtype:
+    """A NumPy dtype from a name (``"bfloat16"`` needs ``pip install 'shardsim[bf16]'``) or dtype."""
+    if isinstance(dtype, str) and dtype in ("bfloat16", "bf16"):
+        try:
+            import ml_dtypes
+        except ImportError:  # pragma: no cover - depends on the environment
+            raise ShardingError(
+                "bfloat16 needs the optional package ml_dtypes: pip install 'shardsim[bf16]'"
+            ) from None
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        return np.dtype(dtype)
+    except TypeError as e:
+        raise ShardingError(f"unknown dtype {dtype!r}; use one of {list(FLOAT_NAMES)}") from e
+
+
+def eps(dtype: Any) -> float:
+    """Machine epsilon of a float dtype (bfloat16 included)."""
+    dt = resolve_dtype(dtype)
+    if dt.name == "bfloat16":
+        return 2.0**-7
+    return float(np.finfo(dt).eps)
+
+
+def tolerance(dtype: Any, contraction: int, ulps: float = 8.0) -> float:
+    """Relative tolerance for a sum of ``contraction`` products: a few ulps times sqrt(length).
+
+    >>> round(tolerance("float64", 100) / tolerance("float64", 1), 6)
+    10.0
+    """
+    return ulps * eps(dtype) * max(1.0, float(contraction)) ** 0.5

@@ -1,0 +1,89 @@
+"""The exceptions shardsim raises, defined once.
+
+Every error names the culprit (the layout, the dimension, the axis, the chip) and, where
+it can, the fix. All derive from :class:`ShardsimError`; those about bad input also derive
+from :class:`ValueError`, so generic ``except ValueError`` code keeps working.
+
+>>> import shardsim
+>>> try:
+...     shardsim.Mesh(X=2).axis_index("Z")
+... except shardsim.MeshAxisError as e:
+...     print(type(e).__name__)
+MeshAxisError
+"""
+
+from __future__ import annotations
+
+
+class ShardsimError(Exception):
+    """Base class of every error raised by shardsim."""
+
+
+class ShardingError(ShardsimError, ValueError):
+    """Base class of errors about layouts, meshes, shapes and sharded operations."""
+
+
+class LayoutParseError(ShardingError):
+    """A layout string does not parse; the message points at the offending token."""
+
+
+class MeshAxisError(ShardingError):
+    """An unknown mesh axis, an axis used twice, or a malformed mesh."""
+
+
+class DivisibilityError(ShardingError):
+    """A dimension does not divide evenly by the product of the mesh axes it is split over."""
+
+
+class ShapeError(ShardingError):
+    """Shapes or ranks that do not match: operand shapes, block shapes, layout rank."""
+
+
+class MatmulShardingError(ShardingError):
+    """A sharded matmul that no local computation can do; the message names the case and the collective that fixes it."""
+
+
+class CollectiveError(ShardingError):
+    """A collective asked of a value that is not split (or not partial) over the axis."""
+
+
+class PartialSumError(ShardingError):
+    """A partial sum ``{U_axis}`` used where only a reduced value makes sense."""
+
+
+class MeshMismatchError(ShardingError):
+    """Operands that live on different meshes."""
+
+
+class ShapeOnlyError(ShardsimError, TypeError):
+    """Data asked of a shape-only value, or data and shape-only values mixed in one op."""
+
+
+class OutOfMemoryError(ShardsimError, MemoryError):
+    """A chip's live bytes would exceed its capacity."""
+
+
+class ChipFailureError(ShardsimError, RuntimeError):
+    """A collective involves a chip that has been marked as failed."""
+
+
+class CheckpointError(ShardsimError, OSError):
+    """A checkpoint is missing, corrupt, or does not fit the requested mesh."""
+
+
+__all__ = [
+    "ShardsimError",
+    "ShardingError",
+    "LayoutParseError",
+    "MeshAxisError",
+    "DivisibilityError",
+    "ShapeError",
+    "MatmulShardingError",
+    "CollectiveError",
+    "PartialSumError",
+    "MeshMismatchError",
+    "ShapeOnlyError",
+    "OutOfMemoryError",
+    "ChipFailureError",
+    "CheckpointError",
+]

@@ -1,0 +1,171 @@
+"""Per-chip memory: a ledger of live bytes, measured from the program's real lifetimes.
+
+Every sharded value enters its mesh's ledger when it is created and leaves it when its
+Python object dies, so the ledger sees what a chip would hold: a weight replicated on 8
+chips counts its full size on each of them, whatever the host stores. Bytes are kept per
+chip and per category (``params``, ``grads``, ``optimizer``, ``activations``,
+``temporaries`` or any name a program sets).
+
+>>> import shardsim, numpy as np
+>>> mesh = shardsim.Mesh(X=8)
+>>> w = shardsim.shard(np.zeros((64, 64), np.float32), mesh, "D F", category="params")
+>>> int(mesh.memory.live("params")[3])
+16384
+>>> del w
+>>> int(mesh.memory.live("params")[3])
+0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .errors import OutOfMemoryError
+
+if TYPE_CHECKING:
+    from .array import ShardedArray
+    from .mesh import Mesh
+
+CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries")
+
+
+@dataclass
+class _Entry:
+    label: str
+    layout: str
+    category: str
+    per_chip: np.ndarray  # bytes on each chip, shape mesh.shape
+
+
+class MemoryLedger:
+    """Live and peak bytes of every chip of a mesh, by category.
+
+    ``live()`` / ``peak()`` return arrays of shape ``mesh.shape``; with a category, that
+    category's bytes (its own peak for ``peak``). ``capacity`` (bytes per chip, None for
+    unlimited) turns an allocation that does not fit into :class:`OutOfMemoryError`.
+    """
+
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self.capacity: int | None = None
+        self._entries: dict[int, _Entry] = {}
+        self._live: dict[str, np.ndarray] = {}
+        self._peak: dict[str, np.ndarray] = {}
+        self._total = np.zeros(mesh.shape, np.int64)
+        self._total_peak = np.zeros(mesh.shape, np.int64)
+
+    # -- bookkeeping (called by ShardedArray) -------------------------------------------
+    def allocate(self, value: ShardedArray) -> None:
+        per_chip = np.full(self.mesh.shape, value.local_nbytes, np.int64)
+        if value.holders is not None:
+            per_chip = per_chip * value.holders
+        self._check_capacity(value, per_chip)
+        self._entries[value.uid] = _Entry(value.label or "", str(value.layout), value.category, per_chip)
+        self._add(value.category, per_chip)
+
+    def release(self, uid: int) -> None:
+        entry = self._entries.pop(uid, None)
+        if entry is not None:
+            self._add(entry.category, -entry.per_chip)
+
+    def recategorize(self, value: ShardedArray, category: str) -> None:
+        entry = self._entries.get(value.uid)
+        if entry is None or entry.category == category:
+            return
+        self._add(entry.category, -entry.per_chip)
+        entry.category = category
+        self._add(category, entry.per_chip)
+
+    def _add(self, category: str, per_chip: np.ndarray) -> None:
+        live = self._live.get(category)
+        if live is None:
+            live = self._live[category] = np.zeros(self.mesh.shape, np.int64)
+            self._peak[category] = np.zeros(self.mesh.shape, np.int64)
+        live += per_chip
+        self._total += per_chip
+        np.maximum(self._peak[category], live, out=self._peak[category])
+        np.maximum(self._total_peak, self._total, out=self._total_peak)
+
+    def _check_capacity(self, value: ShardedArray, per_chip: np.ndarray) -> None:
+        if self.capacity is None:
+            return
+        after = self._total + per_chip
+        if (after <= self.capacity).all():
+            return
+        chip = tuple(int(i) for i in np.unravel_index(int(np.argmax(after)), self.mesh.shape))
+        coords = dict(zip(self.mesh.axis_names, chip))
+        raise OutOfMemoryError(
+            f"out of memory on chip {self.mesh.chip_name(coords)}: allocating "
+            f"{value.label or 'a value'}{value.layout} ({fmt_bytes(int(per_chip[chip]))} per chip, "
+            f"{value.category}) with {fmt_bytes(int(self._total[chip]))} live, capacity "
+            f"{fmt_bytes(self.capacity)}.\nLargest live values on that chip:\n"
+            + self.largest_text(chip)
+        )
+
+    # -- queries ------------------------------------------------------------------------
+    def live(self, category: str | None = None) -> np.ndarray:
+        """Bytes live now on each chip (all categories, or one)."""
+        if category is None:
+            return self._total.copy()
+        return self._live.get(category, np.zeros(self.mesh.shape, np.int64)).copy()
+
+    def peak(self, category: str | None = None) -> np.ndarray:
+        """Peak bytes on each chip since the last :meth:`reset_peak` (all categories, or one's own)."""
+        if category is None:
+            return self._total_peak.copy()
+        return self._peak.get(category, np.zeros(self.mesh.shape, np.int64)).copy()
+
+    def categories(self) -> list[str]:
+        """Categories seen so far, the standard ones first."""
+        seen = list(self._live)
+        return [c for c in CATEGORIES if c in seen] + [c for c in seen if c not in CATEGORIES]
+
+    def reset_peak(self) -> None:
+        """Start measuring peaks from the bytes live now."""
+        self._total_peak = self._total.copy()
+        for c, live in self._live.items():
+            self._peak[c] = live.copy()
+
+    def largest(self, chip: tuple[int, ...], n: int = 5) -> list[tuple[str, str, str, int]]:
+        """The ``n`` largest live values on ``chip``: (label, layout, category, bytes)."""
+        rows = [(e.label, e.layout, e.category, int(e.per_chip[chip])) for e in self._entries.values()]
+        rows = [r for r in rows if r[3] > 0]
+        return sorted(rows, key=lambda r: -r[3])[:n]
+
+    def largest_text(self, chip: tuple[int, ...], n: int = 5) -> str:
+        rows = self.largest(chip, n)
+        if not rows:
+            return "  (nothing live)"
+        return "\n".join(f"  {fmt_bytes(b):>10}  {c:<12} {lbl or '?'}{lay}" for lbl, lay, c, b in rows)
+
+    def snapshot(self) -> dict[str, dict[str, np.ndarray]]:
+        """``{"live": {category: per-chip}, "peak": {...}}`` plus ``"total"`` entries."""
+        cats = self.categories()
+        return {
+            "live": {**{c: self.live(c) for c in cats}, "total": self.live()},
+            "peak": {**{c: self.peak(c) for c in cats}, "total": self.peak()},
+        }
+
+    def __str__(self) -> str:
+        from .show import memory_table
+
+        return memory_table(self)
+
+    def _repr_html_(self) -> str:
+        from .show import memory_html
+
+        return memory_html(self)
+
+
+def fmt_bytes(n: float) -> str:
+    """``1.5 KiB``: bytes in binary units."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover
+
+

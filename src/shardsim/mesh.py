@@ -1,0 +1,176 @@
+"""A virtual device mesh: ordered, named axes of chips.
+
+>>> from shardsim import Mesh
+>>> mesh = Mesh(X=2, Y=4)
+>>> mesh.shape, mesh.size, mesh.axis_names
+((2, 4), 8, ('X', 'Y'))
+>>> mesh.coords(5)
+{'X': 1, 'Y': 1}
+>>> mesh.groups("Y")[0]
+[{'X': 0, 'Y': 0}, {'X': 0, 'Y': 1}, {'X': 0, 'Y': 2}, {'X': 0, 'Y': 3}]
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from .errors import MeshAxisError
+
+if TYPE_CHECKING:
+    from .memory import MemoryLedger
+
+MAX_AXES = 4
+
+
+class Mesh:
+    """Chips laid out on one to four named axes, e.g. ``Mesh(X=2, Y=2)``.
+
+    Axis order matters: it is the order of the leading dimensions of every stacked value
+    and the traversal order of a dimension split over several axes (``D_XY``: X major).
+    Each mesh owns a :class:`~shardsim.memory.MemoryLedger` (``mesh.memory``) that tracks
+    every chip's live bytes. Two meshes are never the same mesh, even with equal shapes.
+
+    >>> Mesh({"data": 4, "model": 2}).shape
+    (4, 2)
+    """
+
+    def __init__(self, axes: Mapping[str, int] | None = None, /, **sizes: int) -> None:
+        spec: dict[str, int] = dict(axes or {})
+        for name, size in sizes.items():
+            if name in spec:
+                raise MeshAxisError(f"mesh axis {name!r} given twice")
+            spec[name] = size
+        if not 1 <= len(spec) <= MAX_AXES:
+            raise MeshAxisError(
+                f"a mesh has 1 to {MAX_AXES} axes, got {len(spec)}: {spec}; e.g. Mesh(X=2, Y=2)"
+            )
+        for name, size in spec.items():
+            if not isinstance(name, str) or not name.isidentifier() or "_" in name:
+                raise MeshAxisError(
+                    f"mesh axis name {name!r} must be letters and digits without '_' "
+                    "(the underscore separates a dimension from its axes in 'D_X')"
+                )
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise MeshAxisError(f"mesh axis {name!r} needs a positive integer size, got {size!r}")
+        self._axes: dict[str, int] = spec
+        self.axis_names: tuple[str, ...] = tuple(spec)
+        self.shape: tuple[int, ...] = tuple(spec.values())
+        self.size: int = 1
+        for s in self.shape:
+            self.size *= s
+        self._ledger: MemoryLedger | None = None
+        self.failed: set[tuple[int, ...]] = set()
+
+    # -- axes ---------------------------------------------------------------------------
+    def axis_size(self, axis: str | Iterable[str]) -> int:
+        """Number of chips along one axis, or along several axes together.
+
+        >>> Mesh(X=2, Y=4).axis_size(("X", "Y"))
+        8
+        """
+        n = 1
+        for a in normalize_axes(axis):
+            n *= self._axes[self.check_axis(a)]
+        return n
+
+    def axis_index(self, axis: str) -> int:
+        """Position of ``axis`` among the mesh axes (its leading dimension in stacked data)."""
+        return self.axis_names.index(self.check_axis(axis))
+
+    def check_axis(self, axis: str) -> str:
+        """Return ``axis`` if the mesh has it, else raise :class:`MeshAxisError` naming the axes it has."""
+        if axis not in self._axes:
+            raise MeshAxisError(
+                f"unknown mesh axis {axis!r}; this mesh has axes {list(self.axis_names)} ({self})"
+            )
+        return axis
+
+    # -- chips --------------------------------------------------------------------------
+    def coords(self, chip: int) -> dict[str, int]:
+        """Coordinates of the chip with flat index ``chip`` (row-major over the axes)."""
+        if not 0 <= chip < self.size:
+            raise MeshAxisError(f"chip index {chip} out of range for {self} ({self.size} chips)")
+        out: dict[str, int] = {}
+        for name, size in reversed(self._axes.items()):
+            chip, out[name] = divmod(chip, size)
+        return dict(reversed(out.items()))
+
+    def chips(self) -> list[dict[str, int]]:
+        """All chips' coordinates, row-major."""
+        return [dict(zip(self.axis_names, c)) for c in itertools.product(*map(range, self.shape))]
+
+    def groups(self, axis: str | Iterable[str]) -> list[list[dict[str, int]]]:
+        """The groups of chips that talk in a collective over ``axis``.
+
+        Each group fixes the coordinates of the other axes and runs along ``axis`` (for a
+        tuple of axes, along all of them, first axis major).
+        """
+        along = normalize_axes(axis)
+        for a in along:
+            self.check_axis(a)
+        others = [a for a in self.axis_names if a not in along]
+        groups = []
+        for fixed in itertools.product(*(range(self._axes[a]) for a in others)):
+            base = dict(zip(others, fixed))
+            group = []
+            for moving in itertools.product(*(range(self._axes[a]) for a in along)):
+                c = {**base, **dict(zip(along, moving))}
+                group.append({a: c[a] for a in self.axis_names})
+            groups.append(group)
+        return groups
+
+    def chip_name(self, coords: Mapping[str, int]) -> str:
+        """``(X0,Y1)``: the name the pictures and errors use for a chip."""
+        return "(" + ",".join(f"{a}{coords[a]}" for a in self.axis_names) + ")"
+
+    # -- memory -------------------------------------------------------------------------
+    @property
+    def memory(self) -> MemoryLedger:
+        """This mesh's per-chip memory ledger (live and peak bytes by category)."""
+        if self._ledger is None:
+            from .memory import MemoryLedger
+
+            self._ledger = MemoryLedger(self)
+        return self._ledger
+
+    # -- faults -------------------------------------------------------------------------
+    def fail(self, **coords: int) -> None:
+        """Mark the chip(s) at ``coords`` as failed; collectives that involve them raise.
+
+        Axes left out mean every index along them: ``mesh.fail(X=1)`` fails a whole row.
+        """
+        for c in self._select(coords):
+            self.failed.add(c)
+
+    def heal(self) -> None:
+        """Clear every failure mark."""
+        self.failed.clear()
+
+    def _select(self, coords: Mapping[str, int]) -> list[tuple[int, ...]]:
+        for a, i in coords.items():
+            self.check_axis(a)
+            if not 0 <= i < self._axes[a]:
+                raise MeshAxisError(f"{a}={i} is out of range: axis {a!r} has size {self._axes[a]}")
+        ranges = [[coords[a]] if a in coords else range(s) for a, s in self._axes.items()]
+        return list(itertools.product(*ranges))
+
+    # -- display ------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return "Mesh(" + ", ".join(f"{a}={s}" for a, s in self._axes.items()) + ")"
+
+    def _repr_html_(self) -> str:
+        from .show import mesh_html
+
+        return mesh_html(self)
+
+
+def normalize_axes(axis: str | Iterable[str]) -> tuple[str, ...]:
+    """``"X"`` → ``("X",)``; a tuple or list stays in its order; a repeated axis is an error."""
+    axes = (axis,) if isinstance(axis, str) else tuple(axis)
+    if not axes:
+        raise MeshAxisError("no mesh axis given; name one, e.g. 'X', or a tuple ('X', 'Y')")
+    if len(set(axes)) != len(axes):
+        raise MeshAxisError(f"mesh axis repeated in {axes}")
+    return axes

@@ -1,0 +1,145 @@
+"""Pictures: which block lives on which chip, traces and memory as text tables and HTML.
+
+>>> import numpy as np, shardsim
+>>> mesh = shardsim.Mesh(X=2, Y=2)
+>>> x = shardsim.shard(np.zeros((2, 4)), mesh, "B_X D_Y")
+>>> shardsim.show(x)
+array[B_X, D_Y] (2, 4) float64 on Mesh(X=2, Y=2)
+          Y0                Y1
+X0   B[0:1] D[0:2]     B[0:1] D[2:4]
+X1   B[1:2] D[0:2]     B[1:2] D[2:4]
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .array import ShardedArray
+    from .memory import MemoryLedger
+    from .mesh import Mesh
+    from .trace import Trace
+
+
+def block_ranges(x: ShardedArray, coords: dict[str, int]) -> str:
+    """``B[0:1] D[2:4]``: the global slices chip ``coords`` holds (``{U_Y}`` if partial)."""
+    parts = []
+    for n, loc, d in zip(x.global_shape, x.local_shape, x.layout.dims):
+        index = 0
+        for a in d.axes:
+            index = index * x.mesh.axis_size(a) + coords[a]
+        parts.append(f"{d.name}[{index * loc}:{(index + 1) * loc}]" if d.axes else f"{d.name}[0:{n}]")
+    text = " ".join(parts)
+    if x.layout.partial:
+        text += " {partial " + ",".join(f"{a}{coords[a]}" for a in x.layout.partial) + "}"
+    return text
+
+
+def layout_text(x: ShardedArray) -> str:
+    """The chip-by-chip picture: a grid for a 2-D mesh, a list otherwise."""
+    mesh = x.mesh
+    head = f"{x.label or 'array'}{x.layout} {x.global_shape} {x.dtype} on {mesh}"
+    if len(mesh.shape) == 2:
+        (ra, rn), (ca, cn) = zip(mesh.axis_names, mesh.shape)
+        cells = [[block_ranges(x, {ra: r, ca: c}) for c in range(cn)] for r in range(rn)]
+        width = max(len(c) for row in cells for c in row) + 4
+        lines = [head, " " * 5 + "".join(f"{ca}{c}".ljust(width) for c in range(cn)).rstrip()]
+        for r, row in enumerate(cells):
+            lines.append(f"{ra}{r}".ljust(5) + "".join(c.ljust(width) for c in row).rstrip())
+        return "\n".join(lines)
+    lines = [head] + [f"{mesh.chip_name(c)}: {block_ranges(x, c)}" for c in mesh.chips()]
+    return "\n".join(lines)
+
+
+def show(x: ShardedArray | Trace | Mesh | MemoryLedger) -> None:
+    """Print a picture of a sharded value (which block on which chip), a trace or a ledger."""
+    from .array import ShardedArray
+
+    print(layout_text(x) if isinstance(x, ShardedArray) else str(x))
+
+
+def trace_table(t: Trace) -> str:
+    """The trace as a fixed-width table, one row per event."""
+    from .memory import fmt_bytes
+
+    rows = [("#", "phase", "op", "axes", "array", "layout", "sent/chip", "flops/chip")]
+    for e in t.events:
+        layout = " , ".join(e.before) + " -> " + e.after
+        rows.append(
+            (
+                str(e.index),
+                e.phase,
+                e.op,
+                "".join(e.axes) or "-",
+                e.label or "?",
+                layout,
+                fmt_bytes(e.sent_bytes) if e.is_collective else "-",
+                f"{e.flops:.3g}" if e.flops else "-",
+            )
+        )
+    return _table(rows)
+
+
+def memory_table(ledger: MemoryLedger) -> str:
+    """Per chip: live and peak bytes by category."""
+    from .memory import fmt_bytes
+
+    mesh = ledger.mesh
+    cats = ledger.categories()
+    rows = [("chip", *(f"{c} (peak)" for c in cats), "total live", "total peak")]
+    for coords in mesh.chips():
+        idx = tuple(coords[a] for a in mesh.axis_names)
+        rows.append(
+            (
+                mesh.chip_name(coords),
+                *(fmt_bytes(int(ledger.peak(c)[idx])) for c in cats),
+                fmt_bytes(int(ledger.live()[idx])),
+                fmt_bytes(int(ledger.peak()[idx])),
+            )
+        )
+    return _table(rows)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+# -- HTML for notebooks -----------------------------------------------------------------------
+_COLORS = ["#fde2e4", "#e2ece9", "#dfe7fd", "#fff1e6", "#e8e8e4", "#f0efeb", "#d8e2dc", "#cddafd"]
+
+
+def array_html(x: ShardedArray) -> str:
+    """A coloured grid of chips, each cell naming the global slices it holds."""
+    mesh = x.mesh
+    title = html.escape(f"{x.label or 'array'}{x.layout} {x.global_shape} {x.dtype}")
+    cells = []
+    for k, coords in enumerate(mesh.chips()):
+        color = _COLORS[hash(block_ranges(x, coords)) % len(_COLORS)]
+        cells.append(
+            f"<td style='background:{color};padding:4px 8px;border:1px solid #999'>"
+            f"<b>{html.escape(mesh.chip_name(coords))}</b><br>{html.escape(block_ranges(x, coords))}</td>"
+        )
+    cols = mesh.shape[-1]
+    body = "".join("<tr>" + "".join(cells[i : i + cols]) + "</tr>" for i in range(0, len(cells), cols))
+    return f"<div><b>{title}</b> on {html.escape(repr(mesh))}<table>{body}</table></div>"
+
+
+def mesh_html(mesh: Mesh) -> str:
+    cols = mesh.shape[-1]
+    cells = [f"<td style='border:1px solid #999;padding:4px'>{html.escape(mesh.chip_name(c))}</td>" for c in mesh.chips()]
+    body = "".join("<tr>" + "".join(cells[i : i + cols]) + "</tr>" for i in range(0, len(cells), cols))
+    return f"<div><b>{html.escape(repr(mesh))}</b><table>{body}</table></div>"
+
+
+def trace_html(t: Trace) -> str:
+    return _html_table(trace_table(t))
+
+
+def memory_html(ledger: MemoryLedger) -> str:
+    return _html_table(memory_table(ledger))
+
+
+def _html_table(text: str) -> str:
+    return "<pre>" + html.escape(text) + "</pre>"

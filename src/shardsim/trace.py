@@ -1,0 +1,186 @@
+"""The trace: one event per collective and per local matmul, with bytes, FLOPs and phase.
+
+>>> import numpy as np, shardsim
+>>> mesh = shardsim.Mesh(X=4)
+>>> w = shardsim.shard(np.ones((8, 8), np.float32), mesh, "D_X F").named("W")
+>>> with shardsim.trace() as t:
+...     full = shardsim.all_gather(w, "X")
+>>> t.collectives()
+[('all_gather', ('X',))]
+>>> t.events[0].sent_bytes  # (N-1)/N of the gathered 256-byte array
+192
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .array import ShardedArray
+
+_phase: contextvars.ContextVar[str] = contextvars.ContextVar("shardsim_phase", default="forward")
+_active: contextvars.ContextVar[tuple[Trace, ...]] = contextvars.ContextVar("shardsim_traces", default=())
+
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "ppermute")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One step of a program: a collective or a local matmul, as one chip sees it.
+
+    ``sent_bytes`` / ``received_bytes`` are per chip (ring algorithms); ``flops`` per chip;
+    ``hbm_bytes`` the bytes a chip reads and writes for a matmul (for the roofline).
+    ``inputs`` and ``output`` are value ids, so a cost model can follow data dependencies.
+    """
+
+    index: int
+    op: str
+    axes: tuple[str, ...]
+    label: str
+    before: tuple[str, ...]
+    after: str
+    phase: str
+    sent_bytes: int = 0
+    received_bytes: int = 0
+    flops: int = 0
+    hbm_bytes: int = 0
+    group_size: int = 1
+    array_bytes: int = 0
+    local_shapes: tuple[tuple[int, ...], ...] = ()
+    dtype: str = ""
+    inputs: tuple[int, ...] = ()
+    output: int = 0
+
+    @property
+    def is_collective(self) -> bool:
+        return self.op in COLLECTIVES
+
+
+@dataclass
+class Trace:
+    """Events recorded inside a ``with shardsim.trace() as t:`` block.
+
+    ``t.collectives()`` gives ``[(op, axes), ...]``; ``print(t)`` a table; ``t.summary()``
+    totals per op and axis. A trace compares equal to a list of ``(op, axes)`` pairs, with
+    axes as a string or tuple.
+    """
+
+    events: list[Event] = field(default_factory=list)
+
+    def collectives(self, phase: str | None = None) -> list[tuple[str, tuple[str, ...]]]:
+        """``[(op, axes), ...]`` of the collectives, optionally of one phase."""
+        return [(e.op, e.axes) for e in self.events if e.is_collective and (phase is None or e.phase == phase)]
+
+    def steps(self, phase: str | None = None) -> list[tuple[str, str, str]]:
+        """``[(op, axes as 'XY', label), ...]`` of every event: the program as the seeds list it."""
+        return [(e.op, "".join(e.axes), e.label) for e in self.events if phase is None or e.phase == phase]
+
+    def summary(self) -> dict[tuple[str, tuple[str, ...]], dict[str, int]]:
+        """Per (op, axes): ``count``, ``sent_bytes``, ``received_bytes``, ``flops`` per chip."""
+        out: dict[tuple[str, tuple[str, ...]], dict[str, int]] = defaultdict(
+            lambda: {"count": 0, "sent_bytes": 0, "received_bytes": 0, "flops": 0}
+        )
+        for e in self.events:
+            row = out[(e.op, e.axes)]
+            row["count"] += 1
+            row["sent_bytes"] += e.sent_bytes
+            row["received_bytes"] += e.received_bytes
+            row["flops"] += e.flops
+        return dict(out)
+
+    def total(self, what: str = "sent_bytes", phase: str | None = None) -> int:
+        """Sum of one field (``sent_bytes``, ``received_bytes``, ``flops``) over the events."""
+        return sum(getattr(e, what) for e in self.events if phase is None or e.phase == phase)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Trace):
+            return self.events == other.events
+        if isinstance(other, Sequence):
+            want = [(op, (ax,) if isinstance(ax, str) else tuple(ax)) for op, ax in other]
+            return self.collectives() == want
+        return NotImplemented
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events)
+
+    def __str__(self) -> str:
+        from .show import trace_table
+
+        return trace_table(self)
+
+    def _repr_html_(self) -> str:
+        from .show import trace_html
+
+        return trace_html(self)
+
+
+@contextlib.contextmanager
+def trace() -> Iterator[Trace]:
+    """Record every collective and matmul run inside the block (traces nest)."""
+    t = Trace()
+    token = _active.set(_active.get() + (t,))
+    try:
+        yield t
+    finally:
+        _active.reset(token)
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Tag the events inside the block with a phase: ``forward``, ``backward``, ``optimizer``..."""
+    token = _phase.set(name)
+    try:
+        yield
+    finally:
+        _phase.reset(token)
+
+
+def current_phase() -> str:
+    return _phase.get()
+
+
+def recording() -> bool:
+    return bool(_active.get())
+
+
+def record(
+    op: str,
+    axes: tuple[str, ...],
+    inputs: Sequence[ShardedArray],
+    output: ShardedArray,
+    **numbers: Any,
+) -> None:
+    """Append an event to every active trace (a no-op when none is active)."""
+    traces = _active.get()
+    if not traces:
+        return
+    if output.label:
+        label = output.label
+    elif len(inputs) > 1:  # a matmul: name it by its operands, "H @ W_out"
+        label = " @ ".join(x.label or "?" for x in inputs)
+    else:
+        label = inputs[0].label or ""
+    for t in traces:
+        t.events.append(
+            Event(
+                index=len(t.events),
+                op=op,
+                axes=axes,
+                label=label,
+                before=tuple(str(x.layout) for x in inputs),
+                after=str(output.layout),
+                phase=_phase.get(),
+                dtype=str(output.dtype),
+                inputs=tuple(x.uid for x in inputs),
+                output=output.uid,
+                **numbers,
+            )
+        )
