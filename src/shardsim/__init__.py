@@ -9,6 +9,7 @@ Layout('[B_X, D]')
 
 from __future__ import annotations
 
+from . import mlp
 from .array import ShapeDtype, ShardedArray, from_local, shard
 from .collectives import all_gather, all_reduce, all_to_all, ppermute, reduce_scatter
 from .errors import (
@@ -31,42 +32,45 @@ from .layout import Layout
 from .mesh import Mesh
 from .ops import activation, activation_grad, cast, matmul
 from .show import show
+from .strategies import run_strategy
 from .trace import Trace, phase, trace
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Mesh",
+    "CheckpointError",
+    "ChipFailureError",
+    "CollectiveError",
+    "DivisibilityError",
     "Layout",
-    "ShardedArray",
+    "LayoutParseError",
+    "MatmulShardingError",
+    "Mesh",
+    "MeshAxisError",
+    "MeshMismatchError",
+    "OutOfMemoryError",
+    "PartialSumError",
     "ShapeDtype",
-    "shard",
-    "from_local",
-    "all_gather",
-    "reduce_scatter",
-    "all_reduce",
-    "all_to_all",
-    "ppermute",
-    "matmul",
+    "ShapeError",
+    "ShapeOnlyError",
+    "ShardedArray",
+    "ShardingError",
+    "ShardsimError",
+    "Trace",
     "activation",
     "activation_grad",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
     "cast",
-    "trace",
+    "from_local",
+    "matmul",
+    "mlp",
     "phase",
-    "Trace",
+    "ppermute",
+    "reduce_scatter",
+    "run_strategy",
+    "shard",
     "show",
-    "ShardsimError",
-    "ShardingError",
-    "LayoutParseError",
-    "MeshAxisError",
-    "DivisibilityError",
-    "ShapeError",
-    "MatmulShardingError",
-    "CollectiveError",
-    "PartialSumError",
-    "MeshMismatchError",
-    "ShapeOnlyError",
-    "OutOfMemoryError",
-    "ChipFailureError",
-    "CheckpointError",
+    "trace",
 ]

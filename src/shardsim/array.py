@@ -111,8 +111,13 @@ class ShardedArray:
         label: str | None = None,
         category: str = "activations",
         holders: np.ndarray | None = None,
+        view_of: ShardedArray | None = None,
     ) -> None:
-        """Internal: use :func:`shard`, :func:`from_local` or the ops. Data must be compact."""
+        """Internal: use :func:`shard`, :func:`from_local` or the ops. Data must be compact.
+
+        ``view_of`` marks a value that shares its chips' buffers with another (a transpose):
+        the ledger counts the buffer once, until the last value using it dies.
+        """
         self.mesh = mesh
         self.layout = layout
         self.global_shape = global_shape
@@ -125,8 +130,9 @@ class ShardedArray:
         self.holders = holders
         self.local_shape = local_shape_of(mesh, layout, global_shape)
         self.local_nbytes = math.prod(self.local_shape) * dtype.itemsize
+        self.storage = view_of.storage if view_of is not None else self.uid
         mesh.memory.allocate(self)
-        weakref.finalize(self, mesh.memory.release, self.uid)
+        weakref.finalize(self, mesh.memory.release, self.storage)
 
     # -- basic properties ---------------------------------------------------------------
     @property
@@ -181,8 +187,7 @@ class ShardedArray:
             self._data, self._lazy = self._lazy.materialize(), None
         if self._data is None:
             raise ShapeOnlyError(
-                f"{self.describe()} is shape-only: it has no data to read. Build it from a "
-                "NumPy array to get numbers."
+                f"{self.describe()} is shape-only: it has no data to read. Build it from a NumPy array to get numbers."
             )
         return self._data
 
@@ -412,9 +417,7 @@ def from_local(
             f"(rank {lay.rank} block), got {data.shape} for layout {lay}"
         )
     local = data.shape[nm:]
-    global_shape = tuple(
-        n * (mesh.axis_size(d.axes) if d.axes else 1) for n, d in zip(local, lay.dims)
-    )
+    global_shape = tuple(n * (mesh.axis_size(d.axes) if d.axes else 1) for n, d in zip(local, lay.dims))
     used = set(lay.used_axes())
     for p, a in enumerate(mesh.axis_names):
         if a not in used:

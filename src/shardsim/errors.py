@@ -40,7 +40,7 @@ class ShapeError(ShardingError):
 
 
 class MatmulShardingError(ShardingError):
-    """A sharded matmul that no local computation can do; the message names the case and the collective that fixes it."""
+    """A sharded matmul no local computation can do; the message names the case and the fixing collective."""
 
 
 class CollectiveError(ShardingError):
@@ -72,18 +72,18 @@ class CheckpointError(ShardsimError, OSError):
 
 
 __all__ = [
-    "ShardsimError",
-    "ShardingError",
-    "LayoutParseError",
-    "MeshAxisError",
-    "DivisibilityError",
-    "ShapeError",
-    "MatmulShardingError",
-    "CollectiveError",
-    "PartialSumError",
-    "MeshMismatchError",
-    "ShapeOnlyError",
-    "OutOfMemoryError",
-    "ChipFailureError",
     "CheckpointError",
+    "ChipFailureError",
+    "CollectiveError",
+    "DivisibilityError",
+    "LayoutParseError",
+    "MatmulShardingError",
+    "MeshAxisError",
+    "MeshMismatchError",
+    "OutOfMemoryError",
+    "PartialSumError",
+    "ShapeError",
+    "ShapeOnlyError",
+    "ShardingError",
+    "ShardsimError",
 ]

@@ -38,6 +38,7 @@ class _Entry:
     layout: str
     category: str
     per_chip: np.ndarray  # bytes on each chip, shape mesh.shape
+    users: int = 1  # values sharing this buffer (a value and its transposes)
 
 
 class MemoryLedger:
@@ -59,20 +60,28 @@ class MemoryLedger:
 
     # -- bookkeeping (called by ShardedArray) -------------------------------------------
     def allocate(self, value: ShardedArray) -> None:
+        shared = self._entries.get(value.storage)
+        if shared is not None:  # a view of a live buffer: no new bytes
+            shared.users += 1
+            return
         per_chip = np.full(self.mesh.shape, value.local_nbytes, np.int64)
         if value.holders is not None:
             per_chip = per_chip * value.holders
         self._check_capacity(value, per_chip)
-        self._entries[value.uid] = _Entry(value.label or "", str(value.layout), value.category, per_chip)
+        self._entries[value.storage] = _Entry(value.label or "", str(value.layout), value.category, per_chip)
         self._add(value.category, per_chip)
 
-    def release(self, uid: int) -> None:
-        entry = self._entries.pop(uid, None)
-        if entry is not None:
+    def release(self, storage: int) -> None:
+        entry = self._entries.get(storage)
+        if entry is None:
+            return
+        entry.users -= 1
+        if entry.users == 0:
+            del self._entries[storage]
             self._add(entry.category, -entry.per_chip)
 
     def recategorize(self, value: ShardedArray, category: str) -> None:
-        entry = self._entries.get(value.uid)
+        entry = self._entries.get(value.storage)
         if entry is None or entry.category == category:
             return
         self._add(entry.category, -entry.per_chip)
@@ -101,8 +110,7 @@ class MemoryLedger:
             f"out of memory on chip {self.mesh.chip_name(coords)}: allocating "
             f"{value.label or 'a value'}{value.layout} ({fmt_bytes(int(per_chip[chip]))} per chip, "
             f"{value.category}) with {fmt_bytes(int(self._total[chip]))} live, capacity "
-            f"{fmt_bytes(self.capacity)}.\nLargest live values on that chip:\n"
-            + self.largest_text(chip)
+            f"{fmt_bytes(self.capacity)}.\nLargest live values on that chip:\n" + self.largest_text(chip)
         )
 
     # -- queries ------------------------------------------------------------------------
@@ -167,5 +175,3 @@ def fmt_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError  # pragma: no cover
-
-

@@ -145,7 +145,9 @@ def transpose(x: ShardedArray, order: Sequence[int] | None = None, *, label: str
     else:
         perm = [x.layout.dim_index(i) for i in order]
         if sorted(perm) != list(range(x.ndim)):
-            raise ShapeError(f"transpose order {tuple(order)} is not a permutation of {x.ndim} dimensions of {x.describe()}")
+            raise ShapeError(
+                f"transpose order {tuple(order)} is not a permutation of {x.ndim} dimensions of {x.describe()}"
+            )
     layout = x.layout.transposed(perm)
     shape = tuple(x.global_shape[i] for i in perm)
     nm = len(x.mesh.shape)
@@ -156,7 +158,7 @@ def transpose(x: ShardedArray, order: Sequence[int] | None = None, *, label: str
     elif not x.is_shape_only:
         data = x.compact().transpose(list(range(nm)) + [nm + i for i in perm])
     return ShardedArray(
-        x.mesh, layout, shape, x.dtype, data, lazy=lazy, label=label or x.label, category=x.category
+        x.mesh, layout, shape, x.dtype, data, lazy=lazy, label=label or x.label, category=x.category, view_of=x
     )
 
 
@@ -171,7 +173,9 @@ def sum_dim(x: ShardedArray, dim: str | int, *, label: str | None = None) -> Sha
     return ShardedArray(x.mesh, layout, shape, x.dtype, data, label=label)
 
 
-def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, linear: bool, label: str | None) -> ShardedArray:
+def _binary(
+    a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, linear: bool, label: str | None
+) -> ShardedArray:
     arrays = [v for v in (a, b) if isinstance(v, ShardedArray)]
     mesh = check_same_mesh(*arrays)
     has_data = check_same_kind(*arrays)
@@ -179,9 +183,7 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, linear: 
         x = arrays[0]
         scalar = b if x is a else a
         if np.ndim(scalar) != 0:
-            raise ShardingError(
-                f"{x.describe()} {sym} a NumPy array: shard the array first so its layout is known"
-            )
+            raise ShardingError(f"{x.describe()} {sym} a NumPy array: shard the array first so its layout is known")
         if x.is_partial and linear:
             raise PartialSumError(
                 f"{x.describe()} {sym} a scalar: the scalar would be added once per chip of "
@@ -234,10 +236,12 @@ def _broadcast_layout(a: ShardedArray, b: ShardedArray, sym: str) -> tuple[Layou
                 "reshard one side (all_gather / all_to_all) so the layouts match"
             )
         if na != nb and 1 not in (na, nb):
-            raise ShapeError(f"{a.describe()} {sym} {b.describe()}: shapes {a.global_shape} and {b.global_shape} do not broadcast")
+            raise ShapeError(
+                f"{a.describe()} {sym} {b.describe()}: shapes {a.global_shape} and {b.global_shape} do not broadcast"
+            )
         wide = da if (db is None or (na >= nb and da is not None)) else db
         assert wide is not None
-        if (na == 1 and da and da.axes) or (nb == 1 and db and db.axes):
+        if na != nb and ((na == 1 and da and da.axes) or (nb == 1 and db and db.axes)):
             raise ShardingError(f"{a.describe()} {sym} {b.describe()}: a broadcast dimension of size 1 cannot be split")
         dims.append(wide)
         shape.append(max(na, nb))
@@ -249,5 +253,7 @@ def _broadcast_layout(a: ShardedArray, b: ShardedArray, sym: str) -> tuple[Layou
         if clash:  # an axis splits a dim of x that the result does not split the same way
             raise ShardingError(f"{a.describe()} {sym} {b.describe()}: mesh axis {clash} is split inconsistently")
     if len(set(used)) != len(used):
-        raise ShardingError(f"{a.describe()} {sym} {b.describe()}: a mesh axis would split two dimensions of the result")
+        raise ShardingError(
+            f"{a.describe()} {sym} {b.describe()}: a mesh axis would split two dimensions of the result"
+        )
     return layout, tuple(shape)

@@ -115,7 +115,7 @@ def array_html(x: ShardedArray) -> str:
     mesh = x.mesh
     title = html.escape(f"{x.label or 'array'}{x.layout} {x.global_shape} {x.dtype}")
     cells = []
-    for k, coords in enumerate(mesh.chips()):
+    for coords in mesh.chips():
         color = _COLORS[hash(block_ranges(x, coords)) % len(_COLORS)]
         cells.append(
             f"<td style='background:{color};padding:4px 8px;border:1px solid #999'>"
@@ -128,7 +128,9 @@ def array_html(x: ShardedArray) -> str:
 
 def mesh_html(mesh: Mesh) -> str:
     cols = mesh.shape[-1]
-    cells = [f"<td style='border:1px solid #999;padding:4px'>{html.escape(mesh.chip_name(c))}</td>" for c in mesh.chips()]
+    cells = [
+        f"<td style='border:1px solid #999;padding:4px'>{html.escape(mesh.chip_name(c))}</td>" for c in mesh.chips()
+    ]
     body = "".join("<tr>" + "".join(cells[i : i + cols]) + "</tr>" for i in range(0, len(cells), cols))
     return f"<div><b>{html.escape(repr(mesh))}</b><table>{body}</table></div>"
 

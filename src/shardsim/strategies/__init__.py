@@ -1,0 +1,66 @@
+"""The sharding schemes, one module each, reading like the seed's numbered steps.
+
+>>> from shardsim import strategies
+>>> strategies.names()
+['ddp', 'fsdp', 'tp', 'fsdp_tp']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import ShardingError
+from ..mesh import Mesh
+from . import ddp, fsdp, fsdp_tp, tp
+from .base import Ctx, Scheme
+from .run import StrategyResult, run
+
+_REGISTRY: dict[str, Scheme] = {m.SCHEME.name: m.SCHEME for m in (ddp, fsdp, tp, fsdp_tp)}
+
+
+def names() -> list[str]:
+    """The registered schemes, in the seed's order."""
+    return list(_REGISTRY)
+
+
+def get(name: str) -> Scheme:
+    """The scheme called ``name``."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ShardingError(f"unknown scheme {name!r}; choose one of {names()}") from None
+
+
+def register(scheme: Scheme) -> Scheme:
+    """Add a scheme to the registry (it then runs through :func:`run_strategy` and the CLI)."""
+    _REGISTRY[scheme.name] = scheme
+    return scheme
+
+
+def run_strategy(
+    name: str,
+    mesh: Mesh,
+    params: Mapping[str, Any],
+    x: Any,
+    dout: Any,
+    activation: str = "identity",
+    axes: Mapping[str, str] | None = None,
+) -> StrategyResult:
+    """Run scheme ``name`` forward and backward on ``mesh`` and report what it did.
+
+    ``params`` is ``{"w_in": [D, F], "w_out": [F, D]}`` and ``x``, ``dout`` are ``[B, D]``, all
+    global arrays, or :class:`~shardsim.ShapeDtype` for a shape-only run at real sizes.
+    ``axes`` maps the scheme's roles to mesh axes, e.g. ``{"data": "X", "model": "Y"}``
+    (default: the mesh's axes in order, or the axes named X and Y).
+
+    >>> import numpy as np, shardsim
+    >>> p = shardsim.mlp.init(8, 16)
+    >>> r = run_strategy("ddp", shardsim.Mesh(X=2), p, np.ones((4, 8)), np.ones((4, 8)))
+    >>> r.trace.collectives("backward")
+    [('all_reduce', ('X',)), ('all_reduce', ('X',))]
+    """
+    return run(get(name), mesh, params, x, dout, activation=activation, axes=axes)
+
+
+__all__ = ["Ctx", "Scheme", "StrategyResult", "get", "names", "register", "run_strategy"]

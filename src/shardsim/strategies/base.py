@@ -1,0 +1,83 @@
+"""What a scheme is: its mesh-axis roles, its layouts, and its forward and backward steps.
+
+A scheme module defines ``layouts(ctx)`` (the layout of ``x``, ``out`` and of every
+parameter), ``forward(ctx, x, params)`` and ``backward(ctx, saved, dout, params)`` as the
+numbered steps of the seed, and one
+:class:`Scheme` tying them together. The plumbing that shards inputs, runs both passes
+and gathers results lives in :mod:`shardsim.strategies.run`, not in the scheme modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..activations import get as get_activation
+from ..array import ShapeDtype, ShardedArray
+from ..errors import ShardingError
+from ..ops import activation, activation_grad, multiply
+
+Params = dict[str, ShardedArray]
+Saved = dict[str, ShardedArray]
+Grads = dict[str, ShardedArray]
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What a scheme's steps need besides the values: its axes by role, and the activation.
+
+    ``ctx.data`` / ``ctx.model`` are the mesh axis names playing the data-parallel and
+    model-parallel roles (``"X"`` and ``"Y"`` by default).
+    """
+
+    data: str = "X"
+    model: str = "Y"
+    activation: str = "identity"
+
+    def act(self, h_pre: ShardedArray) -> ShardedArray:
+        """``act(H_pre)``; the identity returns its input (nothing new to store)."""
+        if self.activation == "identity":
+            return h_pre
+        return activation(h_pre, self.activation, label="H")
+
+    def act_backward(self, dh: ShardedArray, h_pre: ShardedArray) -> ShardedArray:
+        """``dH * act'(H_pre)``; the identity passes ``dH`` through."""
+        if self.activation == "identity":
+            return dh.named("dH")
+        return multiply(dh, activation_grad(h_pre, self.activation), label="dH")
+
+    def check(self) -> Ctx:
+        get_activation(self.activation)
+        return self
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One sharding scheme: name, roles of its mesh axes, layouts and the two passes."""
+
+    name: str
+    roles: tuple[str, ...]
+    layouts: Callable[[Ctx], dict[str, str]]
+    forward: Callable[[Ctx, ShardedArray, Params], tuple[ShardedArray, Saved]]
+    backward: Callable[[Ctx, Saved, ShardedArray, Params], tuple[ShardedArray, Grads]]
+    summary: str
+    check_shapes: Callable[[Mapping[str, Any], Any, Any], None] | None = None
+
+
+def check_mlp_shapes(params: Mapping[str, Any], x: Any, dout: Any) -> None:
+    def shape(v: Any) -> tuple[int, ...]:
+        return v.shape if isinstance(v, ShapeDtype) else np.shape(v)
+
+    b, d = (shape(x) + (None, None))[:2] if len(shape(x)) == 2 else (None, None)
+    if b is None:
+        raise ShardingError(f"x must be [B, D] (2-D), got shape {shape(x)}")
+    w_in, w_out = shape(params["w_in"]), shape(params["w_out"])
+    if len(w_in) != 2 or w_in[0] != d:
+        raise ShardingError(f"W_in must be [D, F] with D = {d} (x is [B, D] = {shape(x)}), got shape {w_in}")
+    if w_out != (w_in[1], d):
+        raise ShardingError(f"W_out must be [F, D] = {(w_in[1], d)} to match W_in {w_in}, got shape {w_out}")
+    if shape(dout) != (b, d):
+        raise ShardingError(f"dout must have the output's shape [B, D] = {(b, d)}, got {shape(dout)}")
