@@ -46,13 +46,15 @@ def run_strategy(
     dout: Any,
     activation: str = "identity",
     axes: Mapping[str, str] | None = None,
+    **options: Any,
 ) -> StrategyResult:
     """Run scheme ``name`` forward and backward on ``mesh`` and report what it did.
 
     ``params`` is ``{"w_in": [D, F], "w_out": [F, D]}`` and ``x``, ``dout`` are ``[B, D]``, all
     global arrays, or :class:`~shardsim.ShapeDtype` for a shape-only run at real sizes.
     ``axes`` maps the scheme's roles to mesh axes, e.g. ``{"data": "X", "model": "Y"}``
-    (default: the mesh's axes in order, or the axes named X and Y).
+    (default: the mesh's axes in order, or the axes named X and Y). ``options`` go to the
+    scheme (e.g. a pipeline's ``microbatches``).
 
     >>> import numpy as np, shardsim
     >>> p = shardsim.mlp.init(8, 16)
@@ -60,7 +62,7 @@ def run_strategy(
     >>> r.trace.collectives("backward")
     [('all_reduce', ('X',)), ('all_reduce', ('X',))]
     """
-    return run(get(name), mesh, params, x, dout, activation=activation, axes=axes)
+    return run(get(name), mesh, params, x, dout, activation=activation, axes=axes, **options)
 
 
 __all__ = ["Ctx", "Scheme", "StrategyResult", "get", "names", "register", "run_strategy"]

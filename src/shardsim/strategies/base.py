@@ -10,15 +10,18 @@ and gathers results lives in :mod:`shardsim.strategies.run`, not in the scheme m
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from .. import mlp
 from ..activations import get as get_activation
 from ..array import ShapeDtype, ShardedArray
-from ..errors import ShardingError
+from ..errors import MeshAxisError, ShardingError
 from ..ops import activation, activation_grad, multiply
+
+ROLE_DEFAULTS = {"data": "X", "model": "Y"}
 
 Params = dict[str, ShardedArray]
 Saved = dict[str, ShardedArray]
@@ -27,15 +30,34 @@ Grads = dict[str, ShardedArray]
 
 @dataclass(frozen=True)
 class Ctx:
-    """What a scheme's steps need besides the values: its axes by role, and the activation.
+    """What a scheme's steps need besides the values: its axes by role, the activation, options.
 
     ``ctx.data`` / ``ctx.model`` are the mesh axis names playing the data-parallel and
-    model-parallel roles (``"X"`` and ``"Y"`` by default).
+    model-parallel roles (``"X"`` and ``"Y"`` by default); ``ctx.axis(role)`` for any role.
+    ``options`` carries a scheme's own settings (e.g. a pipeline's number of microbatches).
+
+    >>> Ctx(axes={"data": "X"}).data
+    'X'
     """
 
-    data: str = "X"
-    model: str = "Y"
+    axes: Mapping[str, str] = field(default_factory=lambda: dict(ROLE_DEFAULTS))
     activation: str = "identity"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def data(self) -> str:
+        return self.axis("data")
+
+    @property
+    def model(self) -> str:
+        return self.axis("model")
+
+    def axis(self, role: str) -> str:
+        """The mesh axis playing ``role``."""
+        try:
+            return self.axes[role]
+        except KeyError:
+            raise MeshAxisError(f"no mesh axis plays the role {role!r}; roles given: {dict(self.axes)}") from None
 
     def act(self, h_pre: ShardedArray) -> ShardedArray:
         """``act(H_pre)``; the identity returns its input (nothing new to store)."""
@@ -65,6 +87,12 @@ class Scheme:
     backward: Callable[[Ctx, Saved, ShardedArray, Params], tuple[ShardedArray, Grads]]
     summary: str
     check_shapes: Callable[[Mapping[str, Any], Any, Any], None] | None = None
+    init: Callable[..., dict[str, np.ndarray]] = mlp.init
+    reference: Callable[..., tuple[np.ndarray, dict[str, np.ndarray]]] = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.reference is None:
+            object.__setattr__(self, "reference", mlp_reference)
 
 
 def check_mlp_shapes(params: Mapping[str, Any], x: Any, dout: Any) -> None:
@@ -81,3 +109,11 @@ def check_mlp_shapes(params: Mapping[str, Any], x: Any, dout: Any) -> None:
         raise ShardingError(f"W_out must be [F, D] = {(w_in[1], d)} to match W_in {w_in}, got shape {w_out}")
     if shape(dout) != (b, d):
         raise ShardingError(f"dout must have the output's shape [B, D] = {(b, d)}, got {shape(dout)}")
+
+
+def mlp_reference(
+    params: Mapping[str, np.ndarray], x: np.ndarray, dout: np.ndarray, activation: str = "identity", **options: Any
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The single-device answer an MLP scheme is held to: ``(out, {"x", "w_in", "w_out"})``."""
+    p = dict(params)
+    return mlp.forward(p, x, activation), mlp.backward(p, x, dout, activation)

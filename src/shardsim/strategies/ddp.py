@@ -7,7 +7,7 @@ in the backward pass." Memory-heavy: the full model lives on every chip.
     In[B_X, D] · W_in[D, F] · W_out[F, D] → Out[B_X, D]
 
 >>> from shardsim.strategies import ddp
->>> ddp.layouts(ddp.Ctx(data="X"))["x"]
+>>> ddp.layouts(ddp.Ctx())["x"]
 '[B_X, D]'
 """
 

@@ -10,7 +10,7 @@ it; gradients are ReduceScattered back into slices."
 ``F_X`` cost the same bytes. Both are ZeRO-3.)
 
 >>> from shardsim.strategies import fsdp
->>> fsdp.layouts(fsdp.Ctx(data="X"))["w_out"]
+>>> fsdp.layouts(fsdp.Ctx())["w_out"]
 '[F_X, D]'
 """
 

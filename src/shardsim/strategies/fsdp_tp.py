@@ -10,7 +10,7 @@ stays split over Y), ReduceScatter-X dW_in, AllGather-X W_in, ReduceScatter-Y dI
     In[B_X, D_Y] · W_in[D_X, F_Y] · W_out[F_Y, D_X] → Out[B_X, D_Y]
 
 >>> from shardsim.strategies import fsdp_tp
->>> fsdp_tp.layouts(fsdp_tp.Ctx(data="X", model="Y"))["w_out"]
+>>> fsdp_tp.layouts(fsdp_tp.Ctx())["w_out"]
 '[F_Y, D_X]'
 """
 

@@ -23,9 +23,7 @@ from ..array import ShardedArray, shard
 from ..errors import MeshAxisError, ShardingError
 from ..mesh import Mesh
 from ..trace import Trace, phase, trace
-from .base import Ctx, Scheme
-
-ROLE_DEFAULTS = {"data": "X", "model": "Y"}
+from .base import ROLE_DEFAULTS, Ctx, Scheme
 
 
 @dataclass
@@ -63,10 +61,10 @@ def resolve_axes(scheme: Scheme, mesh: Mesh, axes: Mapping[str, str] | None) -> 
     elif len(mesh.axis_names) == len(scheme.roles):
         chosen = dict(zip(scheme.roles, mesh.axis_names))
     else:
-        chosen = {r: ROLE_DEFAULTS[r] for r in scheme.roles if ROLE_DEFAULTS[r] in mesh.axis_names}
+        chosen = {r: ROLE_DEFAULTS[r] for r in scheme.roles if ROLE_DEFAULTS.get(r) in mesh.axis_names}
     missing = [r for r in scheme.roles if r not in chosen]
     if missing:
-        example = ", ".join(f"{ROLE_DEFAULTS[r]}=2" for r in scheme.roles)
+        example = ", ".join(f"{ROLE_DEFAULTS.get(r, r[0].upper())}=2" for r in scheme.roles)
         roles = ", ".join(f"{r!r}: <axis>" for r in scheme.roles)
         raise MeshAxisError(
             f"{scheme.name} needs a mesh axis for each of its roles {list(scheme.roles)}; {mesh} has none "
@@ -88,10 +86,11 @@ def run(
     dout: Any,
     activation: str = "identity",
     axes: Mapping[str, str] | None = None,
+    **options: Any,
 ) -> StrategyResult:
     """Run ``scheme``'s forward and backward once; see :func:`shardsim.run_strategy`."""
     chosen = resolve_axes(scheme, mesh, axes)
-    ctx = Ctx(activation=activation, **chosen).check()
+    ctx = Ctx(axes=chosen, activation=activation, options=options).check()
     lay = scheme.layouts(ctx)
     names = [k for k in lay if k not in ("x", "out")]
     if sorted(params) != sorted(names):

@@ -11,7 +11,7 @@ The backward pass is the dual: AllGather dOut, ReduceScatter dIn; the weight gra
 no communication. The gathered input is kept for dW_in (full size on every chip).
 
 >>> from shardsim.strategies import tp
->>> tp.layouts(tp.Ctx(model="Y"))["w_in"]
+>>> tp.layouts(tp.Ctx())["w_in"]
 '[D, F_Y]'
 """
 
