@@ -10,10 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardsim as ss
-from shardsim import mlp, strategies
+from shardsim import mlp
 from shardsim.dtypes import tolerance
 
 ROLE_AXES = {"ddp": ("X",), "fsdp": ("X",), "tp": ("Y",), "fsdp_tp": ("X", "Y")}
+ROLE_AXES.update({"zero1": ("X",), "zero2": ("X",), "zero3": ("X",)})  # ZeRO stages: data parallel over X
 
 
 def inputs(b: int, d: int, f: int, dtype: str, seed: int = 0):
@@ -39,7 +40,7 @@ def assert_matches_reference(result, params, x, dout, activation: str, dtype: st
 
 @st.composite
 def scheme_cases(draw):
-    name = draw(st.sampled_from(strategies.names()))
+    name = draw(st.sampled_from(list(ROLE_AXES)))
     roles = ROLE_AXES[name]
     if len(roles) == 1:
         sizes = {roles[0]: draw(st.integers(1, 8))}
@@ -212,6 +213,7 @@ def test_shape_only_run_traces_the_same_program() -> None:
     spec = ss.ShapeDtype(x.shape, "float32")
     only = ss.run_strategy("fsdp_tp", ss.Mesh(X=2, Y=4), shape, spec, spec)
     assert only.out is None and only.grads is None
+
     def program(t):
         return [(e.op, e.axes, e.label, e.after, e.phase, e.sent_bytes, e.flops) for e in t]
 
@@ -243,3 +245,11 @@ def test_unknown_scheme_and_bad_params() -> None:
         ss.run_strategy("ddp", ss.Mesh(X=2), {"w_in": params["w_in"], "w_out": params["w_in"]}, x, dout)
     with pytest.raises(ss.ShardingError, match="unknown activation 'tanh'"):
         ss.run_strategy("ddp", ss.Mesh(X=2), params, x, dout, activation="tanh")
+
+
+@pytest.mark.parametrize("name,sizes", [("ddp", {"X": 32}), ("tp", {"Y": 16}), ("fsdp_tp", {"X": 16, "Y": 2})])
+def test_many_chips_stack_their_blocks_into_one_matmul(name: str, sizes: dict[str, int]) -> None:
+    """Past a few chips, replicated operands fold the chips into one matmul; same numbers."""
+    params, x, dout = inputs(32, 32, 64, "float64", seed=9)
+    r = ss.run_strategy(name, ss.Mesh(sizes), params, x, dout, activation="gelu")
+    assert_matches_reference(r, params, x, dout, "gelu", "float64")

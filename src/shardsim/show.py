@@ -13,6 +13,7 @@ X1   B[1:2] D[0:2]     B[1:2] D[2:4]
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -22,18 +23,98 @@ if TYPE_CHECKING:
     from .trace import Trace
 
 
-def block_ranges(x: ShardedArray, coords: dict[str, int]) -> str:
-    """``B[0:1] D[2:4]``: the global slices chip ``coords`` holds (``{U_Y}`` if partial)."""
-    parts = []
-    for n, loc, d in zip(x.global_shape, x.local_shape, x.layout.dims):
+def block_slices(x: ShardedArray, coords: Mapping[str, int]) -> list[tuple[str, int, int]]:
+    """``[(dim name, start, stop), ...]``: the global slice of each dimension chip ``coords`` holds.
+
+    >>> import numpy as np, shardsim
+    >>> x = shardsim.shard(np.zeros((2, 4)), shardsim.Mesh(X=2, Y=2), "B_X D_Y")
+    >>> block_slices(x, {"X": 1, "Y": 0})
+    [('B', 1, 2), ('D', 0, 2)]
+    """
+    out = []
+    for loc, d in zip(x.local_shape, x.layout.dims):
         index = 0
         for a in d.axes:
             index = index * x.mesh.axis_size(a) + coords[a]
-        parts.append(f"{d.name}[{index * loc}:{(index + 1) * loc}]" if d.axes else f"{d.name}[0:{n}]")
-    text = " ".join(parts)
+        out.append((d.name, index * loc, (index + 1) * loc))
+    return out
+
+
+def block_ranges(x: ShardedArray, coords: dict[str, int]) -> str:
+    """``B[0:1] D[2:4]``: the global slices chip ``coords`` holds (``{U_Y}`` if partial)."""
+    text = " ".join(f"{name}[{start}:{stop}]" for name, start, stop in block_slices(x, coords))
     if x.layout.partial:
         text += " {partial " + ",".join(f"{a}{coords[a]}" for a in x.layout.partial) + "}"
     return text
+
+
+#: The seed's words for the MLP's dimensions: B counts tokens, D is d_model, F is d_ff.
+SEED_WORDS: dict[str, str | tuple[str, str]] = {"B": ("token", "tokens"), "D": "d_model", "F": "d_ff"}
+
+
+def block_words(
+    x: ShardedArray, coords: Mapping[str, int], words: Mapping[str, str | tuple[str, str]] | None = None
+) -> str:
+    """``token 0, d_model[0:2]``: chip ``coords``'s block in the seed's words.
+
+    ``words`` maps a dimension name to a word (``"d_model"`` gives ``d_model[0:2]``) or to a
+    countable noun ``(singular, plural)`` (``("token", "tokens")`` gives ``token 0`` for one
+    index, ``tokens[0:2]`` for more); default :data:`SEED_WORDS`. Other dimensions keep their
+    names.
+
+    >>> import numpy as np, shardsim
+    >>> x = shardsim.shard(np.zeros((2, 4)), shardsim.Mesh(X=2, Y=2), "B_X D_Y")
+    >>> block_words(x, {"X": 0, "Y": 1})
+    'token 0, d_model[2:4]'
+    """
+    words = SEED_WORDS if words is None else words
+    parts = []
+    for name, start, stop in block_slices(x, coords):
+        word = words.get(name, name)
+        if isinstance(word, tuple):
+            parts.append(f"{word[0]} {start}" if stop - start == 1 else f"{word[1]}[{start}:{stop}]")
+        else:
+            parts.append(f"{word}[{start}:{stop}]")
+    text = ", ".join(parts)
+    if x.layout.partial:
+        text += " (partial sum: " + ",".join(f"{a}{coords[a]}" for a in x.layout.partial) + "'s share)"
+    return text
+
+
+def chip_lines(
+    x: ShardedArray,
+    words: Mapping[str, str | tuple[str, str]] | None = None,
+    *,
+    width: int = 96,
+    indent: str = "",
+    max_chips: int = 16,
+) -> list[str]:
+    """Every chip's block as ``(X0,Y0): token 0, d_model[0:2]``, packed into lines of ``width``.
+
+    Chips go in mesh order, as many per line as fit (a 2-D mesh gives one line per row when
+    it fits); past ``max_chips`` chips the rest are counted, not listed.
+
+    >>> import numpy as np, shardsim
+    >>> x = shardsim.shard(np.zeros((2, 4)), shardsim.Mesh(X=2, Y=2), "B_X D_Y")
+    >>> for line in chip_lines(x):
+    ...     print(line)
+    (X0,Y0): token 0, d_model[0:2]   (X0,Y1): token 0, d_model[2:4]
+    (X1,Y0): token 1, d_model[0:2]   (X1,Y1): token 1, d_model[2:4]
+    """
+    mesh = x.mesh
+    chips = mesh.chips()
+    cells = [f"{mesh.chip_name(c)}: {block_words(x, c, words)}" for c in chips[:max_chips]]
+    cell_width = max(len(c) for c in cells) + 3
+    per_line = max(1, (width - len(indent) + 3) // cell_width)
+    if len(mesh.shape) >= 2 and mesh.shape[-1] <= per_line:
+        per_line = mesh.shape[-1] * max(1, per_line // mesh.shape[-1])  # whole rows of the mesh
+    lines = [
+        indent + "".join(c.ljust(cell_width) for c in cells[i : i + per_line]).rstrip()
+        for i in range(0, len(cells), per_line)
+    ]
+    if len(chips) > max_chips:
+        lines.append(f"{indent}... and {len(chips) - max_chips} more chips")
+    return lines
 
 
 def layout_text(x: ShardedArray) -> str:
@@ -111,15 +192,21 @@ _COLORS = ["#fde2e4", "#e2ece9", "#dfe7fd", "#fff1e6", "#e8e8e4", "#f0efeb", "#d
 
 
 def array_html(x: ShardedArray) -> str:
-    """A coloured grid of chips, each cell naming the global slices it holds."""
+    """A coloured grid of chips, each cell naming the global slices it holds.
+
+    Chips holding the same block share a colour; distinct blocks get distinct colours, in
+    order of first appearance (the palette repeats past eight blocks).
+    """
     mesh = x.mesh
     title = html.escape(f"{x.label or 'array'}{x.layout} {x.global_shape} {x.dtype}")
     cells = []
+    palette: dict[str, str] = {}
     for coords in mesh.chips():
-        color = _COLORS[hash(block_ranges(x, coords)) % len(_COLORS)]
+        text = block_ranges(x, coords)
+        color = palette.setdefault(text, _COLORS[len(palette) % len(_COLORS)])
         cells.append(
             f"<td style='background:{color};padding:4px 8px;border:1px solid #999'>"
-            f"<b>{html.escape(mesh.chip_name(coords))}</b><br>{html.escape(block_ranges(x, coords))}</td>"
+            f"<b>{html.escape(mesh.chip_name(coords))}</b><br>{html.escape(text)}</td>"
         )
     cols = mesh.shape[-1]
     body = "".join("<tr>" + "".join(cells[i : i + cols]) + "</tr>" for i in range(0, len(cells), cols))

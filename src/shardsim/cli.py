@@ -1,0 +1,534 @@
+"""The ``shardsim`` command line: ``shardsim demo`` runs the seed's toy MLP through the schemes.
+
+Each subcommand is one function registered with :func:`subcommand`; its ``configure``
+function adds its options to its own parser. A new subcommand (``train``, ``estimate``,
+``sweep``...) is one more decorated function, nothing else::
+
+    def _sweep_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--chips", type=positive_int, default=8)
+
+    @subcommand("sweep", "try every mesh shape of N chips", configure=_sweep_options)
+    def sweep(args: argparse.Namespace) -> int:
+        ...
+        return 0
+
+A subcommand returns the exit code: 0 when all is well, 1 when a check failed. A
+:class:`~shardsim.ShardsimError` (a mesh that does not fit, sizes that do not divide, an
+unknown scheme) prints its message to stderr and exits 2, as argparse does for bad options.
+
+>>> main(["demo", "--scheme", "ddp", "--quiet"])
+ddp on Mesh(X=2): PASS
+0
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import strategies
+from .array import shard
+from .dtypes import resolve_dtype, tolerance
+from .errors import MeshAxisError, ShardsimError
+from .memory import fmt_bytes
+from .mesh import Mesh
+from .show import _table, chip_lines
+from .strategies import StrategyResult
+from .strategies.base import ROLE_DEFAULTS
+from .trace import Event
+
+#: The schemes ``shardsim demo`` runs when none is named: the seed's four, in its order.
+SEED_SCHEMES = ("ddp", "fsdp", "tp", "fsdp_tp")
+#: The seed's toy sizes: X is 2×4 (B = 2 tokens, d_model = 4) and d_ff = 8.
+SEED_SIZES = {"batch": 2, "d_model": 4, "d_ff": 8}
+WIDTH = 96  # the output fits a terminal this wide
+
+# -- the registry of subcommands --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """One ``shardsim NAME`` command: its help line, its options and the function that runs it."""
+
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace], int]
+    configure: Callable[[argparse.ArgumentParser], None] | None = None
+
+
+_COMMANDS: dict[str, Subcommand] = {}
+
+
+def subcommand(
+    name: str, help: str, *, configure: Callable[[argparse.ArgumentParser], None] | None = None
+) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
+    """Register the decorated function as ``shardsim NAME``; ``configure`` adds its options."""
+
+    def register(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        _COMMANDS[name] = Subcommand(name, help, run, configure)
+        return run
+
+    return register
+
+
+def commands() -> list[str]:
+    """The registered subcommands, in registration order.
+
+    >>> commands()[:2]
+    ['demo', 'schemes']
+    """
+    return list(_COMMANDS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``shardsim`` parser with one sub-parser per registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="shardsim",
+        description="Run sharded training schemes on a virtual mesh of NumPy chips and see every "
+        "collective, byte and chip's memory.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for cmd in _COMMANDS.values():
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        if cmd.configure is not None:
+            cmd.configure(p)
+        p.set_defaults(_run=cmd.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line on ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse has printed the usage and the error (or the help)
+        return int(e.code or 0)
+    try:
+        return int(args._run(args))
+    except ShardsimError as e:
+        print(f"shardsim {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader went away (``shardsim demo | head``): stop quietly
+        with contextlib.suppress(OSError, ValueError):  # stdout may not be a file descriptor
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+# -- option types -----------------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1.
+
+    >>> positive_int("4")
+    4
+    """
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {n}")
+    return n
+
+
+def key_values(text: str) -> dict[str, str]:
+    """``"X=2,Y=4"`` → ``{"X": "2", "Y": "4"}`` (an argparse type for ``--mesh`` and ``--axes``).
+
+    >>> key_values("data=X, model=Y")
+    {'data': 'X', 'model': 'Y'}
+    """
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = (s.strip() for s in item.partition("="))
+        if not sep or not key or not value:
+            raise argparse.ArgumentTypeError(f"expected NAME=VALUE pairs separated by commas, got {text!r}")
+        if key in out:
+            raise argparse.ArgumentTypeError(f"{key!r} given twice in {text!r}")
+        out[key] = value
+    return out
+
+
+def mesh_sizes(text: str) -> dict[str, int]:
+    """``"X=2,Y=4"`` → ``{"X": 2, "Y": 4}``: the ``--mesh`` option.
+
+    >>> mesh_sizes("X=2,Y=4")
+    {'X': 2, 'Y': 4}
+    """
+    out = {}
+    for axis, size in key_values(text).items():
+        try:
+            out[axis] = int(size)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"mesh axis {axis!r} needs a whole-number size, got {size!r}") from None
+    return out
+
+
+def option_value(text: str) -> int | float | str:
+    """A scheme option's value: a number when it reads as one, else the text.
+
+    >>> option_value("4"), option_value("0.5"), option_value("gpipe")
+    (4, 0.5, 'gpipe')
+    """
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+# -- shardsim demo ----------------------------------------------------------------------------
+
+
+@dataclass
+class DemoRun:
+    """One scheme's demo: the run, the inputs it was given and the check against the reference."""
+
+    scheme: strategies.Scheme
+    result: StrategyResult
+    inputs: dict[str, np.ndarray]  # x, dout and every parameter, global
+    checks: list[tuple[str, float, float, bool]]  # (name, max abs error, tolerance, ok)
+
+    @property
+    def ok(self) -> bool:
+        return all(ok for *_, ok in self.checks)
+
+
+def default_mesh(scheme: strategies.Scheme, chips: int = 2) -> tuple[Mesh, dict[str, str]]:
+    """The demo's mesh for ``scheme``: one axis of ``chips`` chips per role.
+
+    A role's axis is the scaling book's letter (``data`` → X, ``model`` → Y) or, for other
+    roles, the role's first letter in capitals.
+
+    >>> default_mesh(strategies.get("fsdp_tp"))
+    (Mesh(X=2, Y=2), {'data': 'X', 'model': 'Y'})
+    """
+    axes: dict[str, str] = {}
+    for role in scheme.roles:
+        name = ROLE_DEFAULTS.get(role, "".join(c for c in role if c.isalnum())[:1].upper() or "A")
+        base, i = name, 2
+        while name in axes.values():
+            name, i = f"{base}{i}", i + 1
+        axes[role] = name
+    return Mesh({a: chips for a in axes.values()}), axes
+
+
+def run_demo(
+    name: str,
+    *,
+    batch: int = SEED_SIZES["batch"],
+    d_model: int = SEED_SIZES["d_model"],
+    d_ff: int = SEED_SIZES["d_ff"],
+    mesh: Mapping[str, int] | None = None,
+    axes: Mapping[str, str] | None = None,
+    activation: str = "identity",
+    dtype: str = "float32",
+    seed: int = 0,
+    options: Mapping[str, Any] | None = None,
+) -> DemoRun:
+    """Run scheme ``name`` forward and backward on the toy case and check it against its reference.
+
+    The parameters come from the scheme's own ``init``, the expected values from its own
+    ``reference``; ``x`` and ``dout`` are ``[batch, d_model]`` normal draws. Without
+    ``mesh``, each of the scheme's roles gets its own axis of 2 chips.
+
+    >>> r = run_demo("tp")
+    >>> r.ok, r.result.layouts["x"], str(r.result.mesh)
+    (True, '[B, D_Y]', 'Mesh(Y=2)')
+    """
+    scheme = strategies.get(name)
+    dt = resolve_dtype(dtype)
+    if axes is not None:  # the roles this scheme has (one --axes may serve several schemes)
+        axes = {role: axis for role, axis in axes.items() if role in scheme.roles} or None
+    if mesh is None:
+        the_mesh, chosen = default_mesh(scheme)
+        if axes is not None:  # name the default mesh's axes as asked
+            chosen.update(axes)
+            the_mesh = Mesh({axis: 2 for axis in chosen.values()})
+        axes = chosen
+    else:
+        the_mesh = Mesh(dict(mesh))
+    opts = dict(options or {})
+    params = scheme.init(d_model, d_ff, seed=seed, dtype=dtype)
+    rng = np.random.default_rng(seed + 1)
+    x = rng.standard_normal((batch, d_model)).astype(dt)
+    dout = rng.standard_normal((batch, d_model)).astype(dt)
+    result = strategies.run_strategy(name, the_mesh, params, x, dout, activation=activation, axes=axes, **opts)
+    want_out, want_grads = scheme.reference(params, x, dout, activation, **opts)
+    contraction = max(batch, d_model, d_ff)
+    checks = [_check("Out", result.out, want_out, dtype, contraction)]
+    for k, expected in want_grads.items():
+        got = None if result.grads is None else result.grads.get(k)
+        checks.append(_check(grad_name(k), got, expected, dtype, contraction))
+    return DemoRun(scheme, result, {"x": x, "dout": dout, **params}, checks)
+
+
+def grad_name(key: str) -> str:
+    """The seed's name of a gradient: ``x`` → ``dIn``, ``w_in`` → ``dW_in``.
+
+    >>> grad_name("x"), grad_name("w_out")
+    ('dIn', 'dW_out')
+    """
+    return "dIn" if key == "x" else "d" + key[:1].upper() + key[1:]
+
+
+def _check(
+    name: str, got: np.ndarray | None, want: np.ndarray, dtype: str, contraction: int
+) -> tuple[str, float, float, bool]:
+    """Max abs error of ``got`` against ``want``, its tolerance (a few ulps × √contraction, × 4
+    for two chained matmuls, relative to the largest expected value) and whether it is within."""
+    want = np.asarray(want, np.float64)
+    scale = float(np.abs(want).max()) if want.size else 1.0
+    tol = 4 * tolerance(dtype, contraction) * (scale or 1.0)
+    if got is None or np.shape(got) != want.shape:
+        return name, float("inf"), tol, False
+    err = float(np.abs(np.asarray(got, np.float64) - want).max()) if want.size else 0.0
+    return name, err, tol, bool(err <= tol)
+
+
+_OP_NAMES = {
+    "all_gather": "AllGather",
+    "reduce_scatter": "ReduceScatter",
+    "all_reduce": "AllReduce",
+    "all_to_all": "AllToAll",
+    "ppermute": "Permute",
+}
+
+
+def step_rows(events: Sequence[Event]) -> list[tuple[str, ...]]:
+    """One table row per event: number, step, axis, array, layout after, bytes sent and FLOPs per chip."""
+    rows = [("#", "step", "axis", "array", "layout after", "sent/chip", "FLOPs/chip")]
+    for i, e in enumerate(events, 1):
+        rows.append(
+            (
+                str(i),
+                _OP_NAMES.get(e.op, e.op),
+                "".join(e.axes) or "-",
+                e.label or "?",
+                e.after,
+                fmt_bytes(e.sent_bytes) if e.is_collective else "-",
+                f"{e.flops:,}" if e.flops else "-",
+            )
+        )
+    return rows
+
+
+def _right(rows: list[tuple[str, ...]], columns: Sequence[int]) -> list[tuple[str, ...]]:
+    """Right-align the given columns (numbers) by padding them to their widest cell."""
+    widths = {c: max(len(r[c]) for r in rows) for c in columns}
+    return [tuple(v.rjust(widths[i]) if i in widths else v for i, v in enumerate(r)) for r in rows]
+
+
+def _indent(text: str, by: str = "  ") -> str:
+    return "\n".join(by + line if line else line for line in text.splitlines())
+
+
+def memory_rows(result: StrategyResult) -> list[tuple[str, ...]]:
+    """Per chip: peak bytes of each category during the run (chips alike are merged into one row)."""
+    mesh = result.mesh
+    cats = [c for c in result.memory if c != "total"] + ["total"]
+    rows: list[tuple[str, ...]] = [("chip", *cats)]
+    per_chip = []
+    for coords in mesh.chips():
+        idx = tuple(coords[a] for a in mesh.axis_names)
+        per_chip.append((mesh.chip_name(coords), tuple(fmt_bytes(int(result.memory[c][idx])) for c in cats)))
+    if len({v for _, v in per_chip}) == 1 and len(per_chip) > 1:
+        rows.append((f"each of {len(per_chip)}", *per_chip[0][1]))
+    else:
+        rows.extend((name, *v) for name, v in per_chip)
+    return rows
+
+
+def render(run: DemoRun, *, dtype: str, activation: str) -> str:
+    """The text ``shardsim demo`` prints for one scheme."""
+    r, scheme = run.result, run.scheme
+    roles = ", ".join(f"{role}={axis}" for role, axis in r.axes.items())
+    b, d = run.inputs["x"].shape
+    f = run.inputs["w_in"].shape[1] if "w_in" in run.inputs else None
+    sizes = f"B={b} tokens, d_model={d}" + (f", d_ff={f}" if f is not None else "")
+    out = [
+        "=" * WIDTH,
+        f"{r.scheme} on {r.mesh}  ({roles})",
+        *textwrap.wrap(scheme.summary, WIDTH),
+        f"{sizes}, {dtype}, activation {activation}",
+        "=" * WIDTH,
+        "",
+        "Starting layout, per chip:",
+    ]
+    for key, lay in r.layouts.items():
+        if key not in run.inputs or key == "dout":  # the inputs and weights, not outputs or gradients
+            continue
+        label = "In" if key == "x" else key[:1].upper() + key[1:]
+        value = shard(run.inputs[key], r.mesh, lay, label=label)
+        out.append(f"  {label}{lay} {value.global_shape}")
+        out.extend(chip_lines(value, width=WIDTH, indent="    "))
+        del value
+    for phase in ("forward", "backward"):
+        events = [e for e in r.trace if e.phase == phase]
+        sent = sum(e.sent_bytes for e in events)
+        flops = sum(e.flops for e in events)
+        collectives = sum(e.is_collective for e in events)
+        out += [
+            "",
+            f"{phase.capitalize()}: {collectives} collectives, {fmt_bytes(sent)} sent and {flops:,} FLOPs per chip",
+        ]
+        if events:
+            out.append(_indent(_table(_right(step_rows(events), (5, 6)))))
+        else:
+            out.append("  (no steps)")
+    out += ["", "Peak memory per chip, by category (bytes above the start of the run):"]
+    out.append(_indent(_table(_right(memory_rows(r), range(1, len(r.memory) + 1)))))
+    out += ["", "Check against the single-device computation (scheme's reference):"]
+    rows = [("value", "max abs error", "tolerance", "")]
+    rows += [(name, f"{err:.2e}", f"{tol:.2e}", "PASS" if ok else "FAIL") for name, err, tol, ok in run.checks]
+    out.append(_indent(_table(rows)))
+    out.append(f"  {r.scheme}: {'PASS' if run.ok else 'FAIL'}")
+    return "\n".join(out)
+
+
+def summary_table(runs: Sequence[DemoRun]) -> str:
+    """One row per scheme: mesh, bytes sent per chip forward and backward, peak per chip, check."""
+    rows = [("scheme", "mesh", "fwd sent/chip", "bwd sent/chip", "peak/chip", "check")]
+    for run in runs:
+        r = run.result
+        rows.append(
+            (
+                r.scheme,
+                str(r.mesh),
+                fmt_bytes(r.trace.total("sent_bytes", "forward")),
+                fmt_bytes(r.trace.total("sent_bytes", "backward")),
+                fmt_bytes(int(r.memory["total"].max())),
+                "PASS" if run.ok else "FAIL",
+            )
+        )
+    return _table(_right(rows, (2, 3, 4)))
+
+
+def _demo_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--scheme",
+        nargs="+",
+        metavar="NAME",
+        help=f"scheme(s) to run, or 'all' (default: {' '.join(SEED_SCHEMES)}); see 'shardsim schemes'",
+    )
+    p.add_argument(
+        "--mesh",
+        type=mesh_sizes,
+        metavar="X=2,Y=4",
+        help="one mesh for every scheme (default: 2 chips on one axis per role of the scheme)",
+    )
+    p.add_argument(
+        "--axes",
+        type=key_values,
+        metavar="data=X,model=Y",
+        help="which mesh axis plays each role (default: the axes in order, or X for data and Y for model)",
+    )
+    p.add_argument("--batch", type=positive_int, default=SEED_SIZES["batch"], help="tokens B (default: %(default)s)")
+    p.add_argument("--d-model", type=positive_int, default=SEED_SIZES["d_model"], help="D (default: %(default)s)")
+    p.add_argument("--d-ff", type=positive_int, default=SEED_SIZES["d_ff"], help="F (default: %(default)s)")
+    p.add_argument("--activation", default="identity", help="identity, relu or gelu (default: %(default)s)")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "float64", "bfloat16"),
+        help="dtype of weights and activations (default: %(default)s)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed of weights and inputs (default: %(default)s)")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        type=key_values,
+        metavar="KEY=VALUE",
+        help="a setting passed to the scheme and its reference (e.g. microbatches=2); repeatable",
+    )
+    p.add_argument("--quiet", action="store_true", help="print one PASS/FAIL line per scheme only")
+
+
+@subcommand(
+    "demo",
+    "run the seed's toy MLP (B=2, d_model=4, d_ff=8) through the schemes and check each one",
+    configure=_demo_options,
+)
+def demo(args: argparse.Namespace) -> int:
+    """``shardsim demo``: layouts, steps, bytes, memory and the check, per scheme."""
+    names = _scheme_names(args.scheme)
+    if args.axes:
+        roles = {role for name in names for role in strategies.get(name).roles}
+        unknown = sorted(set(args.axes) - roles)
+        if unknown:
+            raise MeshAxisError(
+                f"--axes names role(s) {unknown} that none of {names} has; their roles: {sorted(roles)}"
+            )
+    options: dict[str, Any] = {}
+    for group in args.option:
+        options.update({k: option_value(v) for k, v in group.items()})
+    if args.dtype == "bfloat16":
+        resolve_dtype("bfloat16")  # a clear error now if ml_dtypes is missing
+    # run everything first: a bad option then prints one error and nothing else
+    runs = [
+        run_demo(
+            name,
+            batch=args.batch,
+            d_model=args.d_model,
+            d_ff=args.d_ff,
+            mesh=args.mesh,
+            axes=args.axes,
+            activation=args.activation,
+            dtype=args.dtype,
+            seed=args.seed,
+            options=options,
+        )
+        for name in names
+    ]
+    if args.quiet:
+        for run in runs:
+            print(f"{run.result.scheme} on {run.result.mesh}: {'PASS' if run.ok else 'FAIL'}")
+    else:
+        for run in runs:
+            print(render(run, dtype=args.dtype, activation=args.activation))
+            print()
+        print("Summary (bytes per chip; ring collectives)")
+        print(summary_table(runs))
+        failed = [run.result.scheme for run in runs if not run.ok]
+        print("all checks PASS" if not failed else f"FAIL: {', '.join(failed)}")
+    return 0 if all(run.ok for run in runs) else 1
+
+
+def _scheme_names(requested: Sequence[str] | None) -> list[str]:
+    if not requested:
+        return [n for n in SEED_SCHEMES if n in strategies.names()]
+    names: list[str] = []
+    for item in requested:
+        for name in filter(None, (s.strip() for s in item.split(","))):
+            for n in strategies.names() if name == "all" else [strategies.get(name).name]:
+                if n not in names:
+                    names.append(n)
+    return names
+
+
+# -- shardsim schemes -------------------------------------------------------------------------
+
+
+@subcommand("schemes", "list the registered schemes, their roles and what each does")
+def schemes(args: argparse.Namespace) -> int:
+    """``shardsim schemes``: one line per registered scheme."""
+    names = strategies.names()
+    lead = max(len(n) for n in names) + max(len(",".join(strategies.get(n).roles)) for n in names) + 4
+    rows = [("scheme", "roles", "what it does")]
+    for name in names:
+        s = strategies.get(name)
+        lines = textwrap.wrap(s.summary, max(30, WIDTH - lead))
+        rows.append((name, ",".join(s.roles), lines[0]))
+        rows.extend(("", "", more) for more in lines[1:])
+    print(_table(rows))
+    return 0
