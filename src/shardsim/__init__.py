@@ -9,7 +9,7 @@ Layout('[B_X, D]')
 
 from __future__ import annotations
 
-from . import mlp
+from . import checkpoint, formulas, mlp, moe, norm, pieces, pipeline, training
 from .array import ShapeDtype, ShardedArray, from_local, shard
 from .collectives import all_gather, all_reduce, all_to_all, ppermute, reduce_scatter
 from .errors import (
@@ -17,6 +17,7 @@ from .errors import (
     ChipFailureError,
     CollectiveError,
     DivisibilityError,
+    DtypeError,
     LayoutParseError,
     MatmulShardingError,
     MeshAxisError,
@@ -31,9 +32,11 @@ from .errors import (
 from .layout import Layout
 from .mesh import Mesh
 from .ops import activation, activation_grad, cast, matmul
+from .reshard import reshard
 from .show import show
 from .strategies import run_strategy
 from .trace import Trace, phase, trace
+from .training import Trainer, train_step
 
 __version__ = "0.1.0"
 
@@ -42,6 +45,7 @@ __all__ = [
     "ChipFailureError",
     "CollectiveError",
     "DivisibilityError",
+    "DtypeError",
     "Layout",
     "LayoutParseError",
     "MatmulShardingError",
@@ -57,20 +61,30 @@ __all__ = [
     "ShardingError",
     "ShardsimError",
     "Trace",
+    "Trainer",
     "activation",
     "activation_grad",
     "all_gather",
     "all_reduce",
     "all_to_all",
     "cast",
+    "checkpoint",
+    "formulas",
     "from_local",
     "matmul",
     "mlp",
+    "moe",
+    "norm",
     "phase",
+    "pieces",
+    "pipeline",
     "ppermute",
     "reduce_scatter",
+    "reshard",
     "run_strategy",
     "shard",
     "show",
     "trace",
+    "train_step",
+    "training",
 ]

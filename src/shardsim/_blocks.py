@@ -110,13 +110,13 @@ def _matmul(lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """
     blocks_l, blocks_r = math.prod(lhs.shape[:-2]), math.prod(rhs.shape[:-2])
     if blocks_r == 1 and blocks_l >= FOLD_MIN_BLOCKS and lhs.ndim >= rhs.ndim:
-        out = lhs.reshape(-1, lhs.shape[-1]) @ rhs.reshape(rhs.shape[-2:])
+        out = lhs.reshape(blocks_l * lhs.shape[-2], lhs.shape[-1]) @ rhs.reshape(rhs.shape[-2:])  # no -1: K may be 0
         return out.reshape(lhs.shape[:-1] + (rhs.shape[-1],))
     if blocks_l == 1 and blocks_r >= FOLD_MIN_BLOCKS and rhs.ndim >= lhs.ndim:
         k, n = rhs.shape[-2:]
-        cols = np.moveaxis(rhs.reshape(-1, k, n), 0, 1).reshape(k, -1)  # (K, chips*N)
+        cols = np.moveaxis(rhs.reshape(blocks_r, k, n), 0, 1).reshape(k, blocks_r * n)  # (K, chips*N)
         m = lhs.shape[-2]
-        out = (lhs.reshape(lhs.shape[-2:]) @ cols).reshape(m, -1, n)
+        out = (lhs.reshape(lhs.shape[-2:]) @ cols).reshape(m, blocks_r, n)
         return np.moveaxis(out, 1, 0).reshape(rhs.shape[:-2] + (m, n))
     return np.matmul(lhs, rhs)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ class _LazyMatmul:
         nm = len(index)
         li = tuple(i if n > 1 else 0 for i, n in zip(index, self.lhs.shape[:nm]))
         ri = tuple(i if n > 1 else 0 for i, n in zip(index, self.rhs.shape[:nm]))
-        return np.matmul(self.lhs[li], self.rhs[ri])
+        return _blocks.matmul(self.lhs[li], self.rhs[ri])
 
 
 class ShardedArray:
@@ -112,11 +113,17 @@ class ShardedArray:
         category: str = "activations",
         holders: np.ndarray | None = None,
         view_of: ShardedArray | None = None,
+        derived_from: Sequence[ShardedArray] = (),
     ) -> None:
         """Internal: use :func:`shard`, :func:`from_local` or the ops. Data must be compact.
 
         ``view_of`` marks a value that shares its chips' buffers with another (a transpose):
         the ledger counts the buffer once, until the last value using it dies.
+        ``derived_from`` names the values an untraced local op (activation, elementwise, cast)
+        computed this one from, so trace events can follow data dependencies through it.
+        ``holders`` (bool, shape ``mesh.shape``) marks the chips that hold the value, when only
+        some do (a pipeline stage's activations); by default the chips holding all of
+        ``view_of`` / ``derived_from`` (see :func:`held_where`), else every chip.
         """
         self.mesh = mesh
         self.layout = layout
@@ -127,10 +134,15 @@ class ShardedArray:
         self._data = data
         self._lazy = lazy
         self._category = category
-        self.holders = holders
+        origins = (view_of,) if view_of is not None else tuple(derived_from)
+        self.holders = holders if holders is not None else held_where(*origins)
+        if self.holders is not None and self.holders.all():
+            self.holders = None  # held by every chip: the usual case, spelled one way
         self.local_shape = local_shape_of(mesh, layout, global_shape)
         self.local_nbytes = math.prod(self.local_shape) * dtype.itemsize
         self.storage = view_of.storage if view_of is not None else self.uid
+        # the traced values (event outputs or program inputs) this one derives from
+        self.sources: tuple[int, ...] = tuple(dict.fromkeys(s for v in origins for s in v.sources)) or (self.uid,)
         mesh.memory.allocate(self)
         weakref.finalize(self, mesh.memory.release, self.storage)
 
@@ -235,6 +247,8 @@ class ShardedArray:
                 + f", e.g. local({', '.join(f'{a}=0' for a in names)})"
             )
         for a in names:
+            if isinstance(coords[a], bool) or not isinstance(coords[a], numbers.Integral):
+                raise ShardingError(f"{a}={coords[a]!r}: a chip coordinate is an integer index along axis {a!r}")
             if not 0 <= coords[a] < self.mesh.axis_size(a):
                 raise ShardingError(f"{a}={coords[a]} is out of range: axis {a!r} has size {self.mesh.axis_size(a)}")
         return tuple(coords[a] for a in names)
@@ -305,7 +319,7 @@ class ShardedArray:
         """Permute dimensions (NumPy's ``transpose``); each keeps its sharding."""
         from .ops import transpose
 
-        return transpose(self, order if order else None)
+        return transpose(self, order if order else tuple(reversed(range(self.ndim))))  # NumPy: reverse all
 
     def sum(self, dim: str | int, *, label: str | None = None) -> ShardedArray:
         """Sum over a dimension; over a split dimension the result is a partial sum over its axes."""
@@ -443,6 +457,39 @@ def check_same_mesh(*arrays: ShardedArray) -> Mesh:
                 "build both on one Mesh object"
             )
     return mesh
+
+
+def held_where(*arrays: ShardedArray) -> np.ndarray | None:
+    """The chips holding every one of ``arrays`` (bool, ``mesh.shape``); None when that is all chips.
+
+    A value held only on some chips (``holders``, e.g. one pipeline stage's activations) can
+    meet another only where both are: a local op's result lives there. Values with no chip
+    in common raise ShardingError.
+
+    >>> import numpy as np, shardsim
+    >>> mesh = shardsim.Mesh(Z=2)
+    >>> a = shardsim.shard(np.ones(2), mesh, "[D]")
+    >>> held_where(a) is None
+    True
+    """
+    masks = [a.holders for a in arrays if a.holders is not None]
+    if not masks:
+        return None
+    held = np.logical_and.reduce(masks) if len(masks) > 1 else masks[0]
+    if not held.any():
+        where = "; ".join(f"{a.describe()} on {held_text(a)}" for a in arrays if a.holders is not None)
+        raise ShardingError(
+            f"no chip holds all of the operands ({where}); move one to the other's chips first (ppermute)"
+        )
+    return held
+
+
+def held_text(x: ShardedArray) -> str:
+    """``every chip`` or the chips holding ``x``, e.g. ``(X0,Z1) (X1,Z1)``."""
+    if x.holders is None:
+        return "every chip"
+    mesh = x.mesh
+    return " ".join(mesh.chip_name(dict(zip(mesh.axis_names, map(int, c)))) for c in np.argwhere(x.holders))
 
 
 def check_same_kind(*arrays: ShardedArray) -> bool:

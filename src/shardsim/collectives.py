@@ -28,12 +28,17 @@ Layout('[B, D_YX]')
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from . import _blocks, trace
-from .array import ShardedArray, _LazyMatmul, local_shape_of
+from .array import ShardedArray, _LazyMatmul, held_text, local_shape_of
+from .dtypes import resolve_dtype
 from .errors import ChipFailureError, CollectiveError, ShardingError
 from .layout import Layout
 from .mesh import normalize_axes
@@ -52,6 +57,7 @@ def all_gather(x: ShardedArray, axis: Axes, *, label: str | None = None) -> Shar
     d = x.layout.dims[dim]
     layout = x.layout.with_dim(dim, d.axes[: len(d.axes) - len(axes)])
     _check_alive(x, "all_gather", axes)
+    _check_group_holds(x, axes, "all_gather")
     data = None
     if not x.is_shape_only:
         data = _blocks.merge_into_local(x.compact(), _nm(x), _positions(x, axes), dim)
@@ -66,11 +72,13 @@ def reduce_scatter(x: ShardedArray, axis: Axes, dim: str | int, *, label: str | 
     """Sum the partials over ``axis`` and split ``dim`` over it: ``[A, B]{U_X} -> [A_X, B]``."""
     axes = _axes(x, axis)
     _check_partial(x, axes, "reduce_scatter")
+    x = _in_reduce_dtype(x, axes)
     i = x.layout.dim_index(dim)
     layout = x.layout.with_dim(i, x.layout.dims[i].axes + axes)
     layout = layout.with_partial(a for a in x.layout.partial if a not in axes)
     local_shape_of(x.mesh, layout, x.global_shape)  # DivisibilityError before any work
     _check_alive(x, "reduce_scatter", axes)
+    _check_group_holds(x, axes, "reduce_scatter")
     data = None
     if not x.is_shape_only:
         reduced = _reduce(x, axes)
@@ -88,8 +96,10 @@ def all_reduce(x: ShardedArray, axis: Axes, *, label: str | None = None) -> Shar
     """Sum the partials over ``axis``; every chip of the group gets the sum: ``{U_X}`` cleared."""
     axes = _axes(x, axis)
     _check_partial(x, axes, "all_reduce")
+    x = _in_reduce_dtype(x, axes)
     layout = x.layout.with_partial(a for a in x.layout.partial if a not in axes)
     _check_alive(x, "all_reduce", axes)
+    _check_group_holds(x, axes, "all_reduce")
     data, lazy = None, None
     if not x.is_shape_only:
         reduced = _reduce(x, axes)
@@ -125,6 +135,7 @@ def all_to_all(
     layout = layout.with_dim(dst, layout.dims[dst].axes + axes)
     local_shape_of(x.mesh, layout, x.global_shape)
     _check_alive(x, "all_to_all", axes)
+    _check_group_holds(x, axes, "all_to_all")
     data = None
     if not x.is_shape_only:
         pos = _positions(x, axes)
@@ -133,7 +144,9 @@ def all_to_all(
     out = _new(x, layout, data, label)
     n = x.mesh.axis_size(axes)
     moved = (n - 1) * x.local_nbytes // n
-    trace.record("all_to_all", axes, [x], out, sent_bytes=moved, received_bytes=moved, **_sizes(x, n))
+    # V of the book's AllToAll formula is the whole array over the group, not one chip's block
+    volume = n * x.local_nbytes
+    trace.record("all_to_all", axes, [x], out, sent_bytes=moved, received_bytes=moved, group_size=n, array_bytes=volume)
     return out
 
 
@@ -153,15 +166,61 @@ def ppermute(
     axes = _axes(x, axis)
     n = x.mesh.axis_size(axes)
     src_of = _permutation(n, shift, perm, x)
+    _check_permutable(x, axes)
     _check_alive(x, "ppermute", axes)
     data = None
     if not x.is_shape_only:
-        data = _permute(x.compact(), _positions(x, axes), src_of, x)
-    out = _new(x, x.layout, data, label)
+        data = _permute(x.compact(), _positions(x, axes), src_of)
+    # a value held on some chips only (a pipeline stage's) arrives on the destinations
+    holders = None if x.holders is None else _permute(x.holders, _positions(x, axes), src_of)
+    out = _new(x, x.layout, data, label, holders=holders)
     moves = any(s != d for d, s in enumerate(src_of))
     moved = x.local_nbytes if moves else 0
     trace.record("ppermute", axes, [x], out, sent_bytes=moved, received_bytes=moved, **_sizes(x, n))
     return out
+
+
+# -- reduction dtype ------------------------------------------------------------------------
+# pairs (axis, dtype); a tuple, as a ContextVar's default must not be mutable
+_reduce_dtypes: contextvars.ContextVar[tuple[tuple[str, np.dtype], ...]] = contextvars.ContextVar(
+    "shardsim_reduce_dtypes", default=()
+)
+
+
+@contextlib.contextmanager
+def reduce_dtype(dtype: Any, axes: Axes) -> Iterator[None]:
+    """Inside the block, sum partials over ``axes`` in ``dtype`` (e.g. float32 gradients of bfloat16 chips).
+
+    An :func:`all_reduce` or :func:`reduce_scatter` over any of ``axes`` casts a partial sum
+    of another dtype on every chip before sending it; the result has ``dtype`` and the trace
+    counts its bytes. This is PyTorch FSDP's ``MixedPrecision(reduce_dtype=...)``.
+
+    >>> import numpy as np, shardsim
+    >>> mesh = shardsim.Mesh(X=2)
+    >>> p = shardsim.from_local(np.ones((2, 1, 4), np.float16), mesh, "[A, B]{U_X}")
+    >>> with reduce_dtype("float32", "X"):
+    ...     reduce_scatter(p, "X", "B").dtype
+    dtype('float32')
+    """
+    dt = resolve_dtype(dtype)
+    token = _reduce_dtypes.set(_reduce_dtypes.get() + tuple((a, dt) for a in normalize_axes(axes)))
+    try:
+        yield
+    finally:
+        _reduce_dtypes.reset(token)
+
+
+def _in_reduce_dtype(x: ShardedArray, axes: tuple[str, ...]) -> ShardedArray:
+    wanted = dict(_reduce_dtypes.get())  # the innermost setting of an axis wins
+    dts = {wanted[a] for a in axes if a in wanted}
+    if not dts:
+        return x
+    dt = max(dts, key=lambda d: d.itemsize)
+    if x.dtype == dt:
+        return x
+    from .ops import cast
+
+    return cast(x, dt)
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -197,7 +256,9 @@ def _split_dim(x: ShardedArray, axes: tuple[str, ...], op: str) -> int:
         )
         raise CollectiveError(f"{op} over {_fmt(axes)}: {x.describe()} is not split over {lost}; {hint}")
     if len(dims) > 1:
-        raise CollectiveError(f"{op} over {_fmt(axes)}: in {x.describe()} those axes split different dimensions; do one at a time")
+        raise CollectiveError(
+            f"{op} over {_fmt(axes)}: in {x.describe()} those axes split different dimensions; do one at a time"
+        )
     dim = dims.pop()
     assert dim is not None
     d = x.layout.dims[dim]
@@ -215,14 +276,8 @@ def _check_partial(x: ShardedArray, axes: tuple[str, ...], op: str) -> None:
     missing = [a for a in axes if a not in x.layout.partial]
     if missing:
         split = [a for a in missing if x.layout.axis_dim(a) is not None]
-        hint = (
-            f"it is split over {split}: use all_gather to un-split it"
-            if split
-            else "there is nothing to sum"
-        )
-        raise CollectiveError(
-            f"{op} over {_fmt(axes)}: {x.describe()} is not a partial sum over {missing}; {hint}"
-        )
+        hint = f"it is split over {split}: use all_gather to un-split it" if split else "there is nothing to sum"
+        raise CollectiveError(f"{op} over {_fmt(axes)}: {x.describe()} is not a partial sum over {missing}; {hint}")
 
 
 def _reduce(x: ShardedArray, axes: tuple[str, ...]) -> np.ndarray | _LazyMatmul:
@@ -255,27 +310,64 @@ def _permutation(n: int, shift: int | None, perm: Sequence[tuple[int, int]] | No
     return src_of
 
 
-def _permute(c: np.ndarray, positions: list[int], src_of: list[int], x: ShardedArray) -> np.ndarray:
-    varying = [c.shape[p] > 1 for p in positions]
-    if not any(varying):
-        return c  # replicated along the axes: every chip already holds what it receives
-    if not all(varying):
-        names = [x.mesh.axis_names[p] for p, v in zip(positions, varying) if not v]
+def _check_permutable(x: ShardedArray, axes: tuple[str, ...]) -> None:
+    # decided from the layout, not the data, so shape-only values refuse the same programs
+    used = set(x.layout.used_axes())
+    if not any(a in used for a in axes):
+        return  # replicated along the axes: every chip already holds what it receives
+    names = [a for a in axes if a not in used and x.mesh.axis_size(a) > 1]
+    if names:
         raise CollectiveError(
             f"ppermute of {x.describe()} over several axes would make it differ along {names}, "
             f"over which its layout says it is replicated; ppermute over the split axes only"
         )
+
+
+def _permute(c: np.ndarray, positions: list[int], src_of: list[int]) -> np.ndarray:
+    if all(c.shape[p] == 1 for p in positions):
+        return c  # replicated along the axes (or they have one chip): nothing changes
     front = list(range(len(positions)))
     y = np.moveaxis(c, positions, front)
     lead = y.shape[: len(positions)]
-    moved = y.reshape((-1,) + y.shape[len(positions) :])[src_of].reshape(y.shape)
+    moved = y.reshape((math.prod(lead),) + y.shape[len(positions) :])[src_of].reshape(y.shape)  # (chips, *block)
     assert moved.shape[: len(lead)] == lead
     return np.moveaxis(moved, front, positions)
 
 
-def _new(x: ShardedArray, layout: Layout, data: np.ndarray | None, label: str | None, *, lazy: _LazyMatmul | None = None) -> ShardedArray:
+def _new(
+    x: ShardedArray,
+    layout: Layout,
+    data: np.ndarray | None,
+    label: str | None,
+    *,
+    lazy: _LazyMatmul | None = None,
+    holders: np.ndarray | None = None,
+) -> ShardedArray:
     return ShardedArray(
-        x.mesh, layout, x.global_shape, x.dtype, data, lazy=lazy, label=label or x.label, category=x.category
+        x.mesh,
+        layout,
+        x.global_shape,
+        x.dtype,
+        data,
+        lazy=lazy,
+        label=label or x.label,
+        category=x.category,
+        holders=x.holders if holders is None else holders,
+    )
+
+
+def _check_group_holds(x: ShardedArray, axes: tuple[str, ...], op: str) -> None:
+    """A collective needs every chip of its group: a value held on some chips only must be
+    held alike along ``axes`` (a pipeline stage's value: collectives within the stage)."""
+    if x.holders is None:
+        return
+    pos = _positions(x, axes)
+    if (x.holders == np.any(x.holders, axis=tuple(pos), keepdims=True)).all():
+        return
+    raise CollectiveError(
+        f"{op} over {_fmt(axes)} of {x.describe()}: it is held only on {held_text(x)}, so some groups "
+        f"over {_fmt(axes)} miss chips; run collectives over the axes the value is held along, "
+        "or move it with ppermute"
     )
 
 
@@ -285,12 +377,22 @@ def _sizes(x: ShardedArray, n: int) -> dict[str, int]:
 
 
 def _check_alive(x: ShardedArray, op: str, axes: tuple[str, ...]) -> None:
-    failed = x.mesh.failed
+    """Raise ChipFailureError naming the failed chip(s), the collective, the value and the step.
+
+    Every chip runs the collective in its own group (SPMD), so one failed chip fails the step.
+    """
+    failed = sorted(x.mesh.failed)
     if not failed:
         return
-    chip = min(failed)
-    coords = dict(zip(x.mesh.axis_names, chip))
+    mesh = x.mesh
+    names = [mesh.chip_name(dict(zip(mesh.axis_names, c))) for c in failed]
+    who = f"chip {names[0]} has" if len(names) == 1 else f"chips {', '.join(names)} have"
+    first = dict(zip(mesh.axis_names, failed[0]))
+    group = next(g for g in mesh.groups(axes) if first in g)
+    active = trace._active.get()
+    step = f"{trace.current_phase()} phase" + (f", trace event {len(active[-1].events)}" if active else "")
     raise ChipFailureError(
-        f"{op} over {_fmt(axes)} of {x.describe()} in the {trace.current_phase()} phase involves "
-        f"failed chip {x.mesh.chip_name(coords)}; restore from a checkpoint onto a mesh without it"
+        f"{op} over {_fmt(axes)} of {x.describe()} cannot run: {who} failed (step: {step}). "
+        f"The group of {names[0]} over {_fmt(axes)}: {' '.join(mesh.chip_name(c) for c in group)}. "
+        "Restore from a checkpoint onto a mesh without it (shardsim.checkpoint.load)."
     )

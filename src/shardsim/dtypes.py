@@ -22,9 +22,7 @@ def resolve_dtype(dtype: Any) -> np.dtype:
         try:
             import ml_dtypes
         except ImportError:  # pragma: no cover - depends on the environment
-            raise ShardingError(
-                "bfloat16 needs the optional package ml_dtypes: pip install 'shardsim[bf16]'"
-            ) from None
+            raise ShardingError("bfloat16 needs the optional package ml_dtypes: pip install 'shardsim[bf16]'") from None
         return np.dtype(ml_dtypes.bfloat16)
     try:
         return np.dtype(dtype)

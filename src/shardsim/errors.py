@@ -55,6 +55,10 @@ class MeshMismatchError(ShardingError):
     """Operands that live on different meshes."""
 
 
+class DtypeError(ShardingError, TypeError):
+    """An elementwise op NumPy refuses for these dtypes or scalars (``bool - bool``, ``int8 + 300``)."""
+
+
 class ShapeOnlyError(ShardsimError, TypeError):
     """Data asked of a shape-only value, or data and shape-only values mixed in one op."""
 
@@ -76,6 +80,7 @@ __all__ = [
     "ChipFailureError",
     "CollectiveError",
     "DivisibilityError",
+    "DtypeError",
     "LayoutParseError",
     "MatmulShardingError",
     "MeshAxisError",

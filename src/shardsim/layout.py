@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from .errors import LayoutParseError, MatmulShardingError, MeshAxisError, ShapeError
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+# One dimension or partial-sum token: commas inside a brace subscript (D_{data,model}) do not split it.
+_TOKEN = re.compile(r"[^,\s{]*\{[^}]*\}?[^,\s]*|[^,\s]+")
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,7 @@ class Layout:
         if len(hits) != 1:
             what = "no" if not hits else "more than one"
             raise ShapeError(
-                f"layout {self} has {what} dimension named {dim!r}; name one of {list(self.names)} "
-                "or give its index"
+                f"layout {self} has {what} dimension named {dim!r}; name one of {list(self.names)} or give its index"
             )
         return hits[0]
 
@@ -114,8 +115,7 @@ class Layout:
             for a in axes:
                 if a not in axis_names:
                     raise MeshAxisError(
-                        f"layout {self} uses mesh axis {a!r}, which the mesh does not have "
-                        f"(axes {list(axis_names)})"
+                        f"layout {self} uses mesh axis {a!r}, which the mesh does not have (axes {list(axis_names)})"
                     )
                 if a in seen:
                     raise MeshAxisError(
@@ -170,7 +170,7 @@ class _Parser:
         else:
             inner = stripped
         dims = []
-        for match in re.finditer(r"[^,\s]+", inner):
+        for match in _TOKEN.finditer(inner):
             dims.append(self._dim(match.group(), offset + match.start()))
         if not dims:
             raise self.fail(offset, "no dimensions")
@@ -178,8 +178,8 @@ class _Parser:
         return Layout(tuple(dims), part)
 
     def _partial_start(self) -> int | None:
-        # A '{' that opens '{U...' outside a dimension subscript.
-        m = re.search(r"\{\s*U", self.text)
+        # A '{' that is not a dimension's brace subscript (those follow '_': D_{data,model}).
+        m = re.search(r"(?<!_)\{", self.text)
         return m.start() if m else None
 
     def _dim(self, token: str, pos: int) -> Dim:
@@ -232,7 +232,7 @@ class _Parser:
         if not (stripped.startswith("{") and stripped.endswith("}")):
             raise self.fail(pos, "a partial sum is written '{U_X}' or '{U_XY}'")
         axes: list[str] = []
-        for m in re.finditer(r"[^,\s]+", stripped[1:-1]):
+        for m in _TOKEN.finditer(stripped[1:-1]):
             tok = m.group()
             if not tok.startswith("U_") or len(tok) < 3:
                 raise self.fail(pos + 1 + m.start(), f"{tok!r}: a partial sum is written U_X")

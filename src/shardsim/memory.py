@@ -18,8 +18,9 @@ chip and per category (``params``, ``grads``, ``optimizer``, ``activations``,
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,6 +40,11 @@ class _Entry:
     category: str
     per_chip: np.ndarray  # bytes on each chip, shape mesh.shape
     users: int = 1  # values sharing this buffer (a value and its transposes)
+    ref: Any = None  # weak reference to the value, for the label it has now (named() comes later)
+
+    def name(self) -> str:
+        value = self.ref() if self.ref is not None else None
+        return (value.label if value is not None else None) or self.label
 
 
 class MemoryLedger:
@@ -68,7 +74,9 @@ class MemoryLedger:
         if value.holders is not None:
             per_chip = per_chip * value.holders
         self._check_capacity(value, per_chip)
-        self._entries[value.storage] = _Entry(value.label or "", str(value.layout), value.category, per_chip)
+        self._entries[value.storage] = _Entry(
+            value.label or "", str(value.layout), value.category, per_chip, ref=weakref.ref(value)
+        )
         self._add(value.category, per_chip)
 
     def release(self, storage: int) -> None:
@@ -106,11 +114,19 @@ class MemoryLedger:
             return
         chip = tuple(int(i) for i in np.unravel_index(int(np.argmax(after)), self.mesh.shape))
         coords = dict(zip(self.mesh.axis_names, chip))
+        live, want, cap = int(self._total[chip]), int(per_chip[chip]), int(self.capacity)
+        over = int((after > self.capacity).sum())
+        by_cat = sorted(((int(v[chip]), c) for c, v in self._live.items() if v[chip] > 0), reverse=True)
+        cats = ", ".join(f"{c} {fmt_bytes(n)}" for n, c in by_cat) or "nothing"
         raise OutOfMemoryError(
-            f"out of memory on chip {self.mesh.chip_name(coords)}: allocating "
-            f"{value.label or 'a value'}{value.layout} ({fmt_bytes(int(per_chip[chip]))} per chip, "
-            f"{value.category}) with {fmt_bytes(int(self._total[chip]))} live, capacity "
-            f"{fmt_bytes(self.capacity)}.\nLargest live values on that chip:\n" + self.largest_text(chip)
+            f"out of memory on chip {self.mesh.chip_name(coords)}: cannot allocate {fmt_bytes(want)} "
+            f"({want} bytes) per chip for {value.label or 'a value'}{value.layout} {value.global_shape} "
+            f"{value.dtype} ({value.category}).\n"
+            f"In use {fmt_bytes(live)} + requested {fmt_bytes(want)} = {fmt_bytes(live + want)} > capacity "
+            f"{fmt_bytes(cap)} ({cap} bytes); short by {fmt_bytes(live + want - cap)}; "
+            f"{over} of {self.mesh.size} chips over capacity.\n"
+            f"In use on that chip by category: {cats}.\n"
+            "Largest live values on that chip:\n" + self.largest_text(chip)
         )
 
     # -- queries ------------------------------------------------------------------------
@@ -139,7 +155,7 @@ class MemoryLedger:
 
     def largest(self, chip: tuple[int, ...], n: int = 5) -> list[tuple[str, str, str, int]]:
         """The ``n`` largest live values on ``chip``: (label, layout, category, bytes)."""
-        rows = [(e.label, e.layout, e.category, int(e.per_chip[chip])) for e in self._entries.values()]
+        rows = [(e.name(), e.layout, e.category, int(e.per_chip[chip])) for e in self._entries.values()]
         rows = [r for r in rows if r[3] > 0]
         return sorted(rows, key=lambda r: -r[3])[:n]
 
@@ -175,3 +191,15 @@ def fmt_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError  # pragma: no cover
+
+
+# The closed forms the ledger is held to (ZeRO model state, communication, activations).
+from . import formulas as _formulas  # noqa: E402
+
+bytes_per_param = _formulas.bytes_per_param
+model_state_breakdown = _formulas.model_state_breakdown
+model_state_bytes = _formulas.model_state_bytes
+scheme_model_state = _formulas.scheme_model_state
+zero_comm_bytes = _formulas.zero_comm_bytes
+zero_comm_elements = _formulas.zero_comm_elements
+mlp_activation_bytes = _formulas.mlp_activation_bytes

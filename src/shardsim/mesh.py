@@ -13,10 +13,14 @@
 from __future__ import annotations
 
 import itertools
+import math
+import numbers
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from .errors import MeshAxisError
+import numpy as np
+
+from .errors import MeshAxisError, ShardingError
 
 if TYPE_CHECKING:
     from .memory import MemoryLedger
@@ -43,9 +47,7 @@ class Mesh:
                 raise MeshAxisError(f"mesh axis {name!r} given twice")
             spec[name] = size
         if not 1 <= len(spec) <= MAX_AXES:
-            raise MeshAxisError(
-                f"a mesh has 1 to {MAX_AXES} axes, got {len(spec)}: {spec}; e.g. Mesh(X=2, Y=2)"
-            )
+            raise MeshAxisError(f"a mesh has 1 to {MAX_AXES} axes, got {len(spec)}: {spec}; e.g. Mesh(X=2, Y=2)")
         for name, size in spec.items():
             if not isinstance(name, str) or not name.isidentifier() or "_" in name:
                 raise MeshAxisError(
@@ -62,6 +64,7 @@ class Mesh:
             self.size *= s
         self._ledger: MemoryLedger | None = None
         self.failed: set[tuple[int, ...]] = set()
+        self._slow: dict[tuple[int, ...], float] = {}
 
     # -- axes ---------------------------------------------------------------------------
     def axis_size(self, axis: str | Iterable[str]) -> int:
@@ -82,9 +85,7 @@ class Mesh:
     def check_axis(self, axis: str) -> str:
         """Return ``axis`` if the mesh has it, else raise :class:`MeshAxisError` naming the axes it has."""
         if axis not in self._axes:
-            raise MeshAxisError(
-                f"unknown mesh axis {axis!r}; this mesh has axes {list(self.axis_names)} ({self})"
-            )
+            raise MeshAxisError(f"unknown mesh axis {axis!r}; this mesh has axes {list(self.axis_names)} ({self})")
         return axis
 
     # -- chips --------------------------------------------------------------------------
@@ -145,12 +146,43 @@ class Mesh:
             self.failed.add(c)
 
     def heal(self) -> None:
-        """Clear every failure mark."""
+        """Clear every failure mark and every slowdown."""
         self.failed.clear()
+        self._slow.clear()
+
+    def slow(self, factor: float, **coords: int) -> None:
+        """Make the chip(s) at ``coords`` ``factor`` times slower (1.0: full speed again).
+
+        Axes left out mean every index along them, as for :meth:`fail`. A cost model reads
+        :attr:`slowdown`; values and collectives are unaffected.
+
+        >>> mesh = Mesh(X=2, Y=2)
+        >>> mesh.slow(3.0, X=1, Y=0)
+        >>> mesh.slowdown
+        array([[1., 1.],
+               [3., 1.]])
+        """
+        if isinstance(factor, bool) or not isinstance(factor, numbers.Real) or not math.isfinite(factor) or factor <= 0:
+            raise ShardingError(f"a slowdown factor is a positive finite number (2.0: half speed), got {factor!r}")
+        for c in self._select(coords):
+            if factor == 1:
+                self._slow.pop(c, None)
+            else:
+                self._slow[c] = float(factor)
+
+    @property
+    def slowdown(self) -> np.ndarray:
+        """Each chip's slowdown factor, shape ``mesh.shape`` (1.0 = full speed; a copy)."""
+        out = np.ones(self.shape)
+        for c, f in self._slow.items():
+            out[c] = f
+        return out
 
     def _select(self, coords: Mapping[str, int]) -> list[tuple[int, ...]]:
         for a, i in coords.items():
             self.check_axis(a)
+            if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+                raise MeshAxisError(f"{a}={i!r}: a chip coordinate is an integer index along axis {a!r}")
             if not 0 <= i < self._axes[a]:
                 raise MeshAxisError(f"{a}={i} is out of range: axis {a!r} has size {self._axes[a]}")
         ranges = [[coords[a]] if a in coords else range(s) for a, s in self._axes.items()]

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from . import _blocks, activations, trace
-from .array import ShardedArray, _LazyMatmul, check_same_kind, check_same_mesh
+from .array import ShardedArray, _LazyMatmul, check_same_kind, check_same_mesh, held_where
 from .dtypes import resolve_dtype
-from .errors import PartialSumError, ShapeError, ShardingError
+from .errors import DtypeError, PartialSumError, ShapeError, ShardingError
 from .layout import Dim, Layout, matmul_layout
 
 
@@ -61,7 +61,8 @@ def matmul(
             lazy = _LazyMatmul(lhs, rhs)  # reduced later by folding the chips into K
         else:
             data = _blocks.matmul(lhs, rhs)
-    out = ShardedArray(mesh, layout, shape, dtype, data, lazy=lazy, label=label, category=category)
+    held = held_where(a, b)  # a stage's weights meet its activations only on its chips
+    out = ShardedArray(mesh, layout, shape, dtype, data, lazy=lazy, label=label, category=category, holders=held)
     m, k = a.local_shape[-2:]
     n = b.local_shape[-1]
     batch = math.prod(a.local_shape[:-2])
@@ -123,7 +124,7 @@ def map_blocks(
         )
     data = None if x.is_shape_only else fn(x.compact())
     dtype = x.dtype if data is None else data.dtype
-    return ShardedArray(x.mesh, x.layout, x.global_shape, dtype, data, label=label)
+    return ShardedArray(x.mesh, x.layout, x.global_shape, dtype, data, label=label, derived_from=(x,))
 
 
 def cast(x: ShardedArray, dtype: Any, *, label: str | None = None, category: str | None = None) -> ShardedArray:
@@ -131,7 +132,14 @@ def cast(x: ShardedArray, dtype: Any, *, label: str | None = None, category: str
     dt = resolve_dtype(dtype)
     data = None if x.is_shape_only else x.compact().astype(dt)
     return ShardedArray(
-        x.mesh, x.layout, x.global_shape, dt, data, label=label or x.label, category=category or x.category
+        x.mesh,
+        x.layout,
+        x.global_shape,
+        dt,
+        data,
+        label=label or x.label,
+        category=category or x.category,
+        derived_from=(x,),
     )
 
 
@@ -162,15 +170,27 @@ def transpose(x: ShardedArray, order: Sequence[int] | None = None, *, label: str
     )
 
 
-def sum_dim(x: ShardedArray, dim: str | int, *, label: str | None = None) -> ShardedArray:
-    """Sum over one dimension; over a split dimension each chip's sum is a partial ``{U_axes}``."""
+def sum_dim(x: ShardedArray, dim: str | int, *, keepdims: bool = False, label: str | None = None) -> ShardedArray:
+    """Sum over one dimension; over a split dimension each chip's sum is a partial ``{U_axes}``.
+
+    With ``keepdims`` the dimension stays with size 1 (unsplit), so the sum broadcasts
+    against ``x``: a LayerNorm's per-token mean is ``sum_dim(x, "D", keepdims=True) / D``.
+
+    >>> import numpy as np, shardsim
+    >>> x = shardsim.shard(np.ones((4, 6)), shardsim.Mesh(Y=2), "S_Y D")
+    >>> mean = sum_dim(x, "D", keepdims=True) / 6
+    >>> mean.layout, mean.shape, (x - mean).layout
+    (Layout('[S_Y, D]'), (4, 1), Layout('[S_Y, D]'))
+    """
     i = x.layout.dim_index(dim)
     d = x.layout.dims[i]
-    layout = Layout(x.layout.dims[:i] + x.layout.dims[i + 1 :], x.layout.partial + d.axes)
-    shape = x.global_shape[:i] + x.global_shape[i + 1 :]
+    kept = (Dim(d.name),) if keepdims else ()
+    layout = Layout(x.layout.dims[:i] + kept + x.layout.dims[i + 1 :], x.layout.partial + d.axes)
+    shape = x.global_shape[:i] + ((1,) if keepdims else ()) + x.global_shape[i + 1 :]
     nm = len(x.mesh.shape)
-    data = None if x.is_shape_only else np.sum(x.compact(), axis=nm + i)
-    return ShardedArray(x.mesh, layout, shape, x.dtype, data, label=label)
+    data = None if x.is_shape_only else np.sum(x.compact(), axis=nm + i, keepdims=keepdims)
+    dtype = np.sum(np.zeros(1, x.dtype)).dtype  # NumPy's: bool and small ints sum as int64
+    return ShardedArray(x.mesh, layout, shape, dtype, data, label=label, derived_from=(x,))
 
 
 def _binary(
@@ -189,9 +209,10 @@ def _binary(
                 f"{x.describe()} {sym} a scalar: the scalar would be added once per chip of "
                 f"{list(x.layout.partial)}; reduce the partial sum first"
             )
+        probe = np.zeros(0, x.dtype)
+        dtype = _result_dtype(op, (probe, scalar) if x is a else (scalar, probe), f"{x.describe()} {sym} {scalar!r}")
         data = None if not has_data else op(x.compact(), scalar) if x is a else op(scalar, x.compact())
-        dtype = x.dtype if data is None else data.dtype
-        return ShardedArray(mesh, x.layout, x.global_shape, dtype, data, label=label)
+        return ShardedArray(mesh, x.layout, x.global_shape, dtype, data, label=label, derived_from=(x,))
     layout, shape = _broadcast_layout(a, b, sym)
     if linear:
         if set(a.layout.partial) != set(b.layout.partial):
@@ -208,6 +229,7 @@ def _binary(
             )
         partial = a.layout.partial + b.layout.partial
     layout = layout.with_partial(partial)
+    dtype = _result_dtype(op, (np.zeros(0, a.dtype), np.zeros(0, b.dtype)), f"{a.describe()} {sym} {b.describe()}")
     data = None
     if has_data:
         nm = len(mesh.shape)
@@ -216,8 +238,19 @@ def _binary(
         x = x.reshape(x.shape[:nm] + (1,) * (rank - a.ndim) + x.shape[nm:])
         y = y.reshape(y.shape[:nm] + (1,) * (rank - b.ndim) + y.shape[nm:])
         data = op(x, y)
-    dtype = np.result_type(a.dtype, b.dtype) if data is None else data.dtype
-    return ShardedArray(mesh, layout, shape, dtype, data, label=label)
+    return ShardedArray(mesh, layout, shape, dtype, data, label=label, derived_from=(a, b))
+
+
+def _result_dtype(op: Callable[[Any, Any], Any], operands: tuple[Any, Any], what: str) -> np.dtype:
+    """The dtype NumPy gives ``op`` on these operands (zero-size probes), the same with or without data."""
+    try:
+        with np.errstate(all="ignore"):
+            dtype = np.asarray(op(*operands)).dtype
+    except (TypeError, ValueError, OverflowError) as e:
+        raise DtypeError(f"{what}: NumPy refuses this for these dtypes ({e})") from None
+    if dtype.kind not in "biufc" and dtype.name != "bfloat16":
+        raise DtypeError(f"{what}: the result would have dtype {dtype}; use numbers of a numeric dtype")
+    return dtype
 
 
 def _broadcast_layout(a: ShardedArray, b: ShardedArray, sym: str) -> tuple[Layout, tuple[int, ...]]:

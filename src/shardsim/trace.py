@@ -20,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from .array import ShardedArray
 
@@ -35,7 +37,12 @@ class Event:
 
     ``sent_bytes`` / ``received_bytes`` are per chip (ring algorithms); ``flops`` per chip;
     ``hbm_bytes`` the bytes a chip reads and writes for a matmul (for the roofline).
-    ``inputs`` and ``output`` are value ids, so a cost model can follow data dependencies.
+    ``inputs`` and ``output`` are value ids, so a cost model can follow data dependencies:
+    ``inputs`` names the traced values (earlier events' outputs, or the program's inputs) the
+    operands derive from, seen through untraced local ops such as a transpose or an activation.
+    ``where`` names the chips that run the step when only some do (their operands are held
+    there only): ``"Z1"`` for the second stage of a pipeline over Z; ``""`` for every chip.
+    A ppermute runs where it sends from.
     """
 
     index: int
@@ -55,6 +62,7 @@ class Event:
     dtype: str = ""
     inputs: tuple[int, ...] = ()
     output: int = 0
+    where: str = ""
 
     @property
     def is_collective(self) -> bool:
@@ -179,8 +187,26 @@ def record(
                 after=str(output.layout),
                 phase=_phase.get(),
                 dtype=str(output.dtype),
-                inputs=tuple(x.uid for x in inputs),
+                inputs=tuple(dict.fromkeys(s for x in inputs for s in x.sources)),
                 output=output.uid,
+                where=_where(inputs),
                 **numbers,
             )
         )
+
+
+def _where(inputs: Sequence[ShardedArray]) -> str:
+    """``"Z1"``: the mesh coordinates all chips holding every input share ("" if every chip holds them)."""
+    from .array import held_where
+
+    held = held_where(*inputs)
+    if held is None:
+        return ""
+    mesh = inputs[0].mesh
+    chips = np.argwhere(held)
+    fixed = [
+        f"{a}{int(chips[0, i])}"
+        for i, a in enumerate(mesh.axis_names)
+        if mesh.shape[i] > 1 and (chips[:, i] == chips[0, i]).all()
+    ]
+    return ",".join(fixed) or f"{len(chips)} chips"

@@ -1,8 +1,8 @@
 """The sharding schemes, one module each, reading like the seed's numbered steps.
 
 >>> from shardsim import strategies
->>> strategies.names()
-['ddp', 'fsdp', 'tp', 'fsdp_tp']
+>>> strategies.names()[:7]
+['ddp', 'fsdp', 'tp', 'fsdp_tp', 'zero1', 'zero2', 'zero3']
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import ShardingError
 from ..mesh import Mesh
-from . import ddp, fsdp, fsdp_tp, tp
+from . import ddp, ep, fsdp, fsdp_tp, pp, tp, tp_sp, zero
 from .base import Ctx, Scheme
 from .run import StrategyResult, run
 
@@ -38,6 +38,13 @@ def register(scheme: Scheme) -> Scheme:
     return scheme
 
 
+for _zero in zero.SCHEMES:  # ZeRO stages 1 and 2 next to ddp (stage 0); zero3 is fsdp
+    register(_zero)
+
+for _scheme in (*tp_sp.SCHEMES, *pp.SCHEMES, *ep.SCHEMES):  # sequence, pipeline, expert parallelism
+    register(_scheme)
+
+
 def run_strategy(
     name: str,
     mesh: Mesh,
@@ -46,6 +53,7 @@ def run_strategy(
     dout: Any,
     activation: str = "identity",
     axes: Mapping[str, str] | None = None,
+    residual: bool = False,
     **options: Any,
 ) -> StrategyResult:
     """Run scheme ``name`` forward and backward on ``mesh`` and report what it did.
@@ -56,13 +64,17 @@ def run_strategy(
     (default: the mesh's axes in order, or the axes named X and Y). ``options`` go to the
     scheme (e.g. a pipeline's ``microbatches``).
 
+    Stacked params ``{"w_in": [L, D, F], "w_out": [L, F, D]}`` run a deep stack of ``L``
+    blocks, the scheme's per-layer steps layer after layer; with ``residual`` each block
+    adds its input. ``grads`` then has ``[L, ...]`` weight gradients.
+
     >>> import numpy as np, shardsim
     >>> p = shardsim.mlp.init(8, 16)
     >>> r = run_strategy("ddp", shardsim.Mesh(X=2), p, np.ones((4, 8)), np.ones((4, 8)))
     >>> r.trace.collectives("backward")
     [('all_reduce', ('X',)), ('all_reduce', ('X',))]
     """
-    return run(get(name), mesh, params, x, dout, activation=activation, axes=axes, **options)
+    return run(get(name), mesh, params, x, dout, activation=activation, axes=axes, residual=residual, **options)
 
 
 __all__ = ["Ctx", "Scheme", "StrategyResult", "get", "names", "register", "run_strategy"]

@@ -21,7 +21,7 @@ from ..array import ShapeDtype, ShardedArray
 from ..errors import MeshAxisError, ShardingError
 from ..ops import activation, activation_grad, multiply
 
-ROLE_DEFAULTS = {"data": "X", "model": "Y"}
+ROLE_DEFAULTS = {"data": "X", "model": "Y", "pipe": "Z", "expert": "Y"}  # expert: like TP, on the fast axis
 
 Params = dict[str, ShardedArray]
 Saved = dict[str, ShardedArray]

@@ -13,17 +13,19 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..array import ShardedArray, shard
+from ..array import ShapeDtype, ShardedArray, shard
 from ..errors import MeshAxisError, ShardingError
+from ..layout import Layout
 from ..mesh import Mesh
+from ..ops import add
 from ..trace import Trace, phase, trace
-from .base import ROLE_DEFAULTS, Ctx, Scheme
+from .base import ROLE_DEFAULTS, Ctx, Grads, Params, Saved, Scheme
 
 
 @dataclass
@@ -35,7 +37,9 @@ class StrategyResult:
     backward; ``memory`` is each chip's peak bytes by category during the run (above what
     was live before it), shape ``mesh.shape``, plus ``"total"``; ``activations`` the
     per-chip bytes of each activation the forward pass stores for the backward pass;
-    ``layouts`` the layouts of the inputs, weights, output and gradients.
+    ``layouts`` the layouts of the inputs, weights, output and gradients. For a stack of
+    blocks the weight gradients are ``[L, ...]``, the layouts are one block's (every block has
+    the same) and the activations are named per block (``H_pre.0``, ``H_pre.1``...).
     """
 
     scheme: str
@@ -86,54 +90,193 @@ def run(
     dout: Any,
     activation: str = "identity",
     axes: Mapping[str, str] | None = None,
+    residual: bool = False,
     **options: Any,
 ) -> StrategyResult:
-    """Run ``scheme``'s forward and backward once; see :func:`shardsim.run_strategy`."""
+    """Run ``scheme``'s forward and backward once; see :func:`shardsim.run_strategy`.
+
+    Params of one more dimension (``w_in`` ``[L, D, F]``, ``w_out`` ``[L, F, D]``) are a stack
+    of ``L`` blocks: the scheme's per-layer steps run layer after layer (with ``residual``,
+    each block adds its input), each layer's weights sharded with the scheme's layout.
+    """
     chosen = resolve_axes(scheme, mesh, axes)
     ctx = Ctx(axes=chosen, activation=activation, options=options).check()
     lay = scheme.layouts(ctx)
     names = [k for k in lay if k not in ("x", "out")]
     if sorted(params) != sorted(names):
         raise ShardingError(f"{scheme.name} needs params {names} (global arrays); got keys {sorted(params)}")
+    depth = stack_depth(params, {k: Layout.parse(lay[k], mesh.axis_names).rank for k in names})
+    per_layer = [params] if depth is None else [layer_of(params, i) for i in range(depth)]
     if scheme.check_shapes is not None:
-        scheme.check_shapes(params, x, dout)
+        scheme.check_shapes(per_layer[0], x, dout)
     ledger = mesh.memory
     before = ledger.snapshot()["live"]
     ledger.reset_peak()
     with trace() as t:
         xs = _shard(scheme, x, mesh, lay["x"], "In", "activations")
-        ps = {k: _shard(scheme, params[k], mesh, lay[k], _label(k), "params") for k in names}
+        layers = [
+            {k: _shard(scheme, p[k], mesh, lay[k], weight_label(k, i, depth), "params") for k in names}
+            for i, p in enumerate(per_layer)
+        ]
         with phase("forward"):
-            out, saved = scheme.forward(ctx, xs, ps)
-        stored = {name: v.local_nbytes for name, v in saved.items()}
+            out, saved = forward_stack(scheme, ctx, xs, layers, residual=residual)
+        stored = {
+            (name if depth is None else f"{name}.{i}"): v.local_nbytes
+            for i, sv in enumerate(saved)
+            for name, v in sv.items()
+        }
         douts = _shard(scheme, dout, mesh, lay["out"], "dOut", "activations")
         with phase("backward"):
-            dx, grads = scheme.backward(ctx, saved, douts, ps)
-            for g in grads.values():
-                g.as_category("grads")
+            dx, grads = backward_stack(scheme, ctx, saved, douts, layers, residual=residual)
+            grads = [reduce_gradients(scheme, ctx, g) for g in grads]
     peaks = ledger.snapshot()["peak"]
     memory = {c: peaks[c] - before.get(c, 0) for c in peaks}
     layouts = {
         "x": str(xs.layout),
-        **{k: str(v.layout) for k, v in ps.items()},
+        **{k: str(v.layout) for k, v in layers[0].items()},
         "out": str(out.layout),
         "dx": str(dx.layout),
-        **{f"d{k}": str(g.layout) for k, g in grads.items()},
+        **{f"d{k}": str(g.layout) for k, g in grads[0].items()},
     }
     shape_only = xs.is_shape_only
+    result_grads = None
+    if not shape_only:
+        result_grads = {"x": np.array(dx.to_global())}
+        for k in names:
+            blocks = [np.array(g[k].to_global()) for g in grads]
+            result_grads[k] = blocks[0] if depth is None else np.stack(blocks)
     return StrategyResult(
         scheme=scheme.name,
         mesh=mesh,
         out=None if shape_only else np.array(out.to_global()),
-        grads=None
-        if shape_only
-        else {"x": np.array(dx.to_global()), **{k: np.array(g.to_global()) for k, g in grads.items()}},
+        grads=result_grads,
         trace=t,
         memory=memory,
         activations={"In": xs.local_nbytes, **stored, "Out": out.local_nbytes},
         layouts=layouts,
         axes=chosen,
     )
+
+
+# -- deep stacks: the per-layer steps, layer after layer ---------------------------------------
+def stack_depth(params: Mapping[str, Any], block_ranks: Mapping[str, int] | None = None) -> int | None:
+    """``L`` if the params are stacked ``[L, ...]`` (one more dimension than a block's), else None.
+
+    A block's weight has the rank of its layout (``block_ranks``; 2 by default): a scheme with
+    weights of other ranks (a LayerNorm's ``[D]``, experts ``[E, D, F]``, pipeline stages
+    ``[L, D, F]``) runs its params as they are, and stacks of them have one dimension more.
+    """
+    ranks = {k: len(_shape(v)) - (block_ranks or {}).get(k, 2) + 2 for k, v in params.items()}  # as if 2-D
+    if all(r == 2 for r in ranks.values()):
+        return None
+    if all(r == 3 for r in ranks.values()):
+        depths = {_shape(v)[0] for v in params.values()}
+        if len(depths) == 1:
+            depth = depths.pop()
+            if depth >= 1:
+                return depth
+    shapes = {k: _shape(v) for k, v in params.items()}
+    raise ShardingError(
+        f"params must all be one block's weights (W_in [D, F], W_out [F, D]) or all stacks of L blocks "
+        f"(W_in [L, D, F], W_out [L, F, D]) with the same L >= 1; got shapes {shapes}"
+    )
+
+
+def layer_of(params: Mapping[str, Any], i: int) -> dict[str, Any]:
+    """Block ``i``'s global weights out of stacked ones (shape-only stacks give shape-only blocks)."""
+    return {
+        k: ShapeDtype(v.shape[1:], v.dtype) if isinstance(v, ShapeDtype) else np.asarray(v)[i]
+        for k, v in params.items()
+    }
+
+
+def weight_label(name: str, i: int, depth: int | None) -> str:
+    """``W_in`` for a single block, ``W_in.2`` for block 2 of a stack.
+
+    >>> weight_label("w_in", 2, 4), weight_label("w_in", 0, None)
+    ('W_in.2', 'W_in')
+    """
+    return _label(name) if depth is None else f"{_label(name)}.{i}"
+
+
+def forward_stack(
+    scheme: Scheme,
+    ctx: Ctx,
+    x: ShardedArray,
+    layers: Sequence[Params],
+    *,
+    residual: bool = False,
+    recompute: bool = False,
+) -> tuple[ShardedArray, list[Saved]]:
+    """The scheme's forward, block after block; returns the output and what each block saved.
+
+    With ``residual`` a block's output is ``In + MLP(In)``. With ``recompute`` a block keeps
+    only its input (``{"In": x}``); :func:`backward_stack` runs its forward again.
+
+    >>> import numpy as np, shardsim
+    >>> from shardsim import mlp, strategies
+    >>> mesh = shardsim.Mesh(X=2)
+    >>> w = [{k: shardsim.shard(v, mesh, "A B") for k, v in mlp.init(4, 8, seed=i).items()} for i in range(3)]
+    >>> x = shardsim.shard(np.ones((2, 4), np.float32), mesh, "B_X D")
+    >>> out, saved = forward_stack(strategies.get("ddp"), Ctx(), x, w, recompute=True)
+    >>> [list(s) for s in saved]
+    [['In'], ['In'], ['In']]
+    """
+    saved: list[Saved] = []
+    for params in layers:
+        y, kept = scheme.forward(ctx, x, params)
+        saved.append({"In": x} if recompute else kept)
+        del kept  # with recompute, H_pre and H die here
+        x = add(x, y, label="Out") if residual else y
+        del y
+    return x, saved
+
+
+def backward_stack(
+    scheme: Scheme,
+    ctx: Ctx,
+    saved: list[Saved],
+    dout: ShardedArray,
+    layers: Sequence[Params],
+    *,
+    residual: bool = False,
+    recompute: bool = False,
+) -> tuple[ShardedArray, list[Grads]]:
+    """The scheme's backward, last block first; frees each block's saved values as it goes.
+
+    Empties ``saved``. With ``recompute`` each block first runs its forward again from its
+    kept input (trace phase ``recompute``). Returns ``dIn`` and each block's gradients,
+    moved to the ledger category ``grads``.
+    """
+    grads: list[Grads] = [{} for _ in layers]
+    for i in reversed(range(len(layers))):
+        kept, saved[i] = saved[i], {}
+        if recompute:
+            with phase("recompute"):
+                kept = scheme.forward(ctx, kept["In"], layers[i])[1]  # its output dies at once
+        dx, g = scheme.backward(ctx, kept, dout, layers[i])
+        del kept
+        for v in g.values():
+            v.as_category("grads")
+        grads[i] = g
+        dout = add(dout, dx, label="dOut") if residual else dx
+        del dx
+    return dout, grads
+
+
+def reduce_gradients(scheme: Scheme, ctx: Ctx, grads: Grads) -> Grads:
+    """Gradients a scheme keeps unreduced through its backward (ZeRO-1) reduced to their owners."""
+    hook = getattr(scheme, "reduce_gradients", None)
+    if hook is None:
+        return grads
+    out = hook(ctx, grads)
+    for v in out.values():
+        v.as_category("grads")
+    return out
+
+
+def _shape(v: Any) -> tuple[int, ...]:
+    return tuple(v.shape) if isinstance(v, ShapeDtype) else np.shape(v)
 
 
 def _shard(scheme: Scheme, value: Any, mesh: Mesh, layout: str, label: str, category: str) -> ShardedArray:

@@ -1,0 +1,75 @@
+"""The cost model: time a scheme's step on real hardware from its own shape-only program.
+
+Hardware presets (TPU v4p/v5e/v5p/v6e, NVIDIA H100/H200/B200) or your own
+:class:`Hardware`; :func:`estimate` one step (time line, MFU, memory, what binds it);
+:func:`critical_batch` where a scheme turns compute-bound; :func:`sweep` many batches.
+Formulas and sources: ``docs/cost-model.md``. Importing this package does not import
+matplotlib; only drawing a PNG does.
+
+>>> from shardsim import Mesh
+>>> from shardsim import cost
+>>> est = cost.estimate("fsdp", Mesh(X=16), "tpu-v5p", batch=16 * 2048, d_model=8192, d_ff=32768)
+>>> est.bound  # 2,048 tokens per chip is below v5p's 2,550
+'communication'
+"""
+
+from __future__ import annotations
+
+from .cli import (
+    add_critical_arguments,
+    add_estimate_arguments,
+    add_sweep_arguments,
+    cli_critical,
+    cli_estimate,
+    cli_sweep,
+)
+from .collectives import CommTime, collective_time
+from .critical import Critical, axis_bandwidth, best_split, critical_batch, scheme_mesh
+from .estimate import Estimate, estimate, estimate_program, sweep
+from .hardware import Hardware, Switched, Torus
+from .placement import AxisLink, Placement, Route, place, split_rings
+from .presets import get_hardware, hardware_names
+from .program import Program, Step, scheme_program, trace_steps
+from .roofline import Roofline, matmul_critical_batch, matmul_time
+from .timeline import Bar, Timeline, build_timeline, timeline_of
+
+__all__ = [
+    "AxisLink",
+    "Bar",
+    "CommTime",
+    "Critical",
+    "Estimate",
+    "Hardware",
+    "Placement",
+    "Program",
+    "Roofline",
+    "Route",
+    "Step",
+    "Switched",
+    "Timeline",
+    "Torus",
+    "add_critical_arguments",
+    "add_estimate_arguments",
+    "add_sweep_arguments",
+    "axis_bandwidth",
+    "best_split",
+    "build_timeline",
+    "cli_critical",
+    "cli_estimate",
+    "cli_sweep",
+    "collective_time",
+    "critical_batch",
+    "estimate",
+    "estimate_program",
+    "get_hardware",
+    "hardware_names",
+    "matmul_critical_batch",
+    "matmul_time",
+    "place",
+    "scheme_mesh",
+    "scheme_program",
+    "split_rings",
+    "sweep",
+    "timeline_of",
+    "trace_steps",
+]

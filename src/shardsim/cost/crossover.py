@@ -1,0 +1,76 @@
+"""The crossover plot: MFU and step time per token against tokens per chip, for every scheme.
+
+One column per hardware; dashed lines (and the legend) mark each scheme's critical batch when given. Needs
+matplotlib (``pip install 'shardsim[plot]'``), imported only when drawing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from .estimate import Estimate
+from .gantt import _pyplot
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+SCHEME_COLORS = {"ddp": "#1f77b4", "fsdp": "#2ca02c", "tp": "#d62728", "fsdp_tp": "#9467bd"}
+SCHEME_NAMES = {"ddp": "DDP", "fsdp": "FSDP", "tp": "TP", "fsdp_tp": "FSDP+TP (best split)"}
+
+
+def crossover_png(
+    results: Mapping[str, Sequence[Estimate]],
+    path: str | None = None,
+    *,
+    critical: Mapping[str, Mapping[str, float]] | None = None,
+    title: str | None = None,
+    dpi: int = 150,
+) -> Figure:
+    """Draw ``{hardware name: estimates}``; ``critical`` is ``{hardware: {scheme: tokens/chip}}``."""
+    plt = _pyplot()
+    cols = len(results)
+    fig, axes = plt.subplots(2, cols, figsize=(5.6 * cols, 8.4), squeeze=False, sharex="col")
+    for c, (hw_name, rows) in enumerate(results.items()):
+        top, bottom = axes[0][c], axes[1][c]
+        schemes = list(dict.fromkeys(e.scheme for e in rows))
+        for scheme in schemes:
+            pts = sorted((e for e in rows if e.scheme == scheme), key=lambda e: e.per_chip_batch)
+            xs = [e.per_chip_batch for e in pts]
+            color = SCHEME_COLORS.get(scheme)
+            label = SCHEME_NAMES.get(scheme, scheme)
+            b = (critical or {}).get(hw_name, {}).get(scheme)
+            if b is not None:
+                label += ": never compute-bound" if math.isinf(b) else f": compute-bound above {b:,.0f}"
+            top.plot(xs, [100 * e.mfu for e in pts], marker="o", ms=2.5, lw=1.6, color=color, label=label)
+            bottom.plot(xs, [1e6 * e.step_s / e.per_chip_batch for e in pts], marker="o", ms=2.5, lw=1.6, color=color)
+            if b is not None and math.isfinite(b) and xs and xs[0] <= b <= xs[-1]:
+                for ax in (top, bottom):
+                    ax.axvline(b, color=color, ls="--", lw=0.9, alpha=0.8)
+        first = rows[0] if rows else None
+        chips = f", {first.chips} chips" if first is not None else ""
+        top.set_title(f"{hw_name}{chips}", fontsize=11)
+        top.set_ylabel("MFU (%)")
+        top.set_ylim(0, 100)
+        bottom.set_ylabel("step time / tokens per chip (µs)")
+        bottom.set_yscale("log")
+        bottom.set_xlabel("tokens per chip")
+        for ax in (top, bottom):
+            ax.set_xscale("log")
+            ax.grid(True, which="both", alpha=0.25)
+        handles, labels = top.get_legend_handles_labels()
+        bottom.legend(
+            handles,
+            labels,
+            fontsize=8,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.16),
+            title="critical batch, tokens per chip (B / N)",
+        )
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    return fig

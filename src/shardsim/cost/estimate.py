@@ -1,0 +1,284 @@
+"""Estimate one training step of a scheme on a hardware: time, MFU, memory, what binds it.
+
+The estimate runs the scheme's own program shape-only at the real sizes
+(:func:`~shardsim.cost.program.scheme_program`), costs every event (roofline for matmuls,
+the book's formulas for collectives) and schedules them on a time line
+(:mod:`shardsim.cost.timeline`).
+
+``bound`` follows the book's test, phase by phase: a phase whose collectives on some mesh
+axis take longer than its matmul FLOPs (T_comms > T_math) makes the step
+``"communication"``-bound (the forward pass decides for FSDP and TP, the backward pass for
+DP); otherwise it is ``"memory"``-bound if the matmuls' HBM traffic outlasts their FLOPs
+(the single-chip roofline), else ``"compute"``-bound. :func:`~shardsim.cost.critical_batch`
+finds the batch where the first test flips.
+
+>>> from shardsim import Mesh
+>>> est = estimate("fsdp", Mesh(X=16), "tpu-v5p", batch=16 * 4096, d_model=8192, d_ff=32768)
+>>> est.bound, round(est.mfu, 2), est.per_chip_batch
+('compute', 0.91, 4096.0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..mesh import Mesh
+from .hardware import Hardware
+from .placement import AxisLink, place
+from .presets import get_hardware
+from .program import Program, scheme_program
+from .timeline import Timeline, build_timeline
+
+
+@dataclass
+class Estimate:
+    """One step's estimate. Times in seconds, memory in bytes per chip.
+
+    ``comm_s`` sums every collective; ``comm_exposed_s`` is the part the step waits for,
+    ``comm_hidden_s`` the part hidden under compute (or under other collectives).
+    ``phases`` gives compute and comm seconds per phase; ``breakdown()`` the per-collective
+    or per-layer rows; ``timeline`` the bars (``.text()``, ``.plot()``).
+    """
+
+    scheme: str
+    hardware: Hardware
+    mesh: Mesh
+    batch: int
+    d_model: int
+    d_ff: int
+    layers: int
+    dtype: str
+    timeline: Timeline
+    memory: dict[str, int]
+    phases: dict[str, dict[str, float]]
+
+    @property
+    def chips(self) -> int:
+        return self.mesh.size
+
+    @property
+    def per_chip_batch(self) -> float:
+        """Tokens per chip, B / N (the x-axis of the book's rooflines)."""
+        return self.batch / self.chips
+
+    @property
+    def step_s(self) -> float:
+        return self.timeline.step_s
+
+    @property
+    def compute_s(self) -> float:
+        return self.timeline.compute_s
+
+    @property
+    def comm_s(self) -> float:
+        return self.timeline.comm_s
+
+    @property
+    def comm_exposed_s(self) -> float:
+        return self.timeline.comm_exposed_s
+
+    @property
+    def comm_hidden_s(self) -> float:
+        return self.timeline.comm_hidden_s
+
+    @property
+    def model_flops(self) -> float:
+        """The MLP's FLOPs per step over all chips: 12 B D F per layer (forward 4, backward 8)."""
+        return 12.0 * self.batch * self.d_model * self.d_ff * self.layers
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation: model FLOPs / (chips x step time x peak FLOP/s)."""
+        if self.step_s <= 0:
+            return 0.0
+        return self.model_flops / (self.chips * self.step_s * self.hardware.flops(self.dtype))
+
+    @property
+    def bound(self) -> str:
+        """``"communication"``, ``"memory"`` or ``"compute"``: what limits the step (module doc)."""
+        if comm_excess(self.phases) > 0:
+            return "communication"
+        memory = sum(p["memory"] for p in self.phases.values())
+        flops = sum(p["flops"] for p in self.phases.values())
+        return "memory" if memory > flops else "compute"
+
+    @property
+    def fits(self) -> bool:
+        """Whether the per-chip peak memory fits the chip's HBM."""
+        return self.memory.get("total", 0) <= self.hardware.hbm_capacity
+
+    def breakdown(self, by: str = "collective") -> list[dict[str, Any]]:
+        """Rows of seconds: ``by="collective"`` per (phase, op, axes, label) summed over layers,
+        ``by="layer"`` per (layer, phase), ``by="event"`` every bar (:mod:`~shardsim.cost.breakdown`)."""
+        from . import breakdown
+
+        tables = {"collective": breakdown.by_collective, "layer": breakdown.by_layer, "event": breakdown.by_event}
+        if by not in tables:
+            raise ValueError(f"breakdown by {by!r}: use 'collective', 'layer' or 'event'")
+        return tables[by](self.timeline)
+
+    def summary(self) -> str:
+        """A few lines: step, compute, comm (hidden/exposed), MFU, bound, memory."""
+        ms = 1e3
+        mem = self.memory.get("total", 0) / 1e9
+        cap = self.hardware.hbm_capacity / 1e9
+        return "\n".join(
+            [
+                f"{self.scheme} on {self.mesh} ({self.hardware.name}), B={self.batch} tokens "
+                f"({self.per_chip_batch:g}/chip), D={self.d_model}, F={self.d_ff}, {self.layers} layer(s)",
+                f"step {self.step_s * ms:.4g} ms: compute {self.compute_s * ms:.4g} ms, comm {self.comm_s * ms:.4g} ms "
+                f"(hidden {self.comm_hidden_s * ms:.4g}, exposed {self.comm_exposed_s * ms:.4g})",
+                f"MFU {self.mfu:.1%}, {self.bound}-bound; memory {mem:.3g} GB per chip of {cap:.3g} GB"
+                + ("" if self.fits else " (does not fit)"),
+            ]
+        )
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def estimate(
+    scheme: str,
+    mesh: Mesh | Mapping[str, int],
+    hardware: Hardware | str,
+    batch: int,
+    d_model: int,
+    d_ff: int,
+    layers: int = 1,
+    overlap: bool = True,
+    dtype: str = "bfloat16",
+    *,
+    links: Mapping[str, str | AxisLink] | None = None,
+    axes: Mapping[str, str] | None = None,
+    activation: str = "identity",
+    prefetch: int = 1,
+) -> Estimate:
+    """Estimate one forward+backward step of ``scheme`` with a global batch of ``batch`` tokens.
+
+    ``mesh`` is a :class:`~shardsim.Mesh` or ``{"X": 16, ...}``; ``hardware`` a
+    :class:`Hardware` or a preset name; ``links`` maps mesh axes to networks (see
+    :func:`~shardsim.cost.place`); ``axes`` maps the scheme's roles to mesh axes;
+    ``prefetch`` is how many matmuls ahead of its reader a collective may start
+    (:mod:`~shardsim.cost.schedule`).
+    """
+    hw = get_hardware(hardware)
+    m = mesh if isinstance(mesh, Mesh) else Mesh(dict(mesh))
+    place(hw, m, links)  # fail early, before tracing, on a layout the hardware cannot hold
+    program = scheme_program(
+        scheme, m, batch, d_model, d_ff, layers=layers, dtype=dtype, activation=activation, axes=axes
+    )
+    return estimate_program(
+        program,
+        hw,
+        placement_links=links,
+        overlap=overlap,
+        prefetch=prefetch,
+        batch=batch,
+        d_model=d_model,
+        d_ff=d_ff,
+        dtype=dtype,
+    )
+
+
+def estimate_program(
+    program: Program,
+    hardware: Hardware,
+    *,
+    placement_links: Mapping[str, str | AxisLink] | None = None,
+    overlap: bool = True,
+    prefetch: int = 1,
+    batch: int,
+    d_model: int,
+    d_ff: int,
+    dtype: str = "bfloat16",
+) -> Estimate:
+    """An :class:`Estimate` from a program already traced (used by sweeps and critical_batch).
+
+    >>> from shardsim.cost import get_hardware, scheme_program
+    >>> prog = scheme_program("ddp", Mesh(X=8), 8 * 4096, 8192, 32768)
+    >>> estimate_program(prog, get_hardware("h100"), batch=8 * 4096, d_model=8192, d_ff=32768).bound
+    'compute'
+    """
+    placement = place(hardware, program.mesh, placement_links)
+    layers = f"{program.layers} layer{'s' if program.layers > 1 else ''}"
+    title = f"{program.scheme}, {layers} on {program.mesh}, {hardware.name}"
+    tl = build_timeline(program.steps, hardware, placement, overlap=overlap, prefetch=prefetch, title=title)
+    return Estimate(
+        scheme=program.scheme,
+        hardware=hardware,
+        mesh=program.mesh,
+        batch=batch,
+        d_model=d_model,
+        d_ff=d_ff,
+        layers=program.layers,
+        dtype=dtype,
+        timeline=tl,
+        memory=program.memory,
+        phases=tl.phase_totals(),
+    )
+
+
+def comm_excess(phases: Mapping[str, Mapping[str, float]]) -> float:
+    """The largest ``T_comms - T_math`` over phases and mesh axes (> 0: communication-bound).
+
+    T_math is the phase's FLOPs at peak; T_comms the time of its collectives on one mesh
+    axis's links: collectives on different axes overlap one another, as the book assumes
+    for FSDP+TP (``T_comms = max(T_FSDP, T_TP)``).
+    """
+    return max(excess_terms(phases).values(), default=0.0)
+
+
+def excess_terms(phases: Mapping[str, Mapping[str, float]]) -> dict[tuple[str, str], float]:
+    """``T_comms - T_math`` for every (phase, mesh-axis link): the terms of :func:`comm_excess`.
+
+    Phases without matmuls (an optimizer step) have no FLOPs to hide collectives behind and
+    are left out, as the book's test is about the forward and backward passes.
+    """
+    out = {}
+    for name, p in phases.items():
+        if p["flops"] <= 0:
+            continue
+        links = {k: v for k, v in p.items() if k.startswith("comm ")} or {"comm": p["comm"]}
+        for link, seconds in links.items():
+            out[(name, link)] = seconds - p["flops"]
+    return out
+
+
+def sweep(
+    schemes: Sequence[str],
+    hardware: Hardware | str,
+    per_chip_batches: Iterable[int],
+    d_model: int,
+    d_ff: int,
+    *,
+    chips: int,
+    layers: int = 1,
+    overlap: bool = True,
+    dtype: str = "bfloat16",
+) -> list[Estimate]:
+    """Estimates for every scheme at every per-chip batch on ``chips`` chips.
+
+    ``ddp``/``fsdp`` run on ``Mesh(X=chips)``, ``tp`` on ``Mesh(Y=chips)``, ``fsdp_tp`` on the
+    split ``Mesh(X=chips/Y, Y=Y)`` with the shortest step (:func:`~shardsim.cost.best_split`).
+
+    >>> rows = sweep(["ddp", "tp"], "h100", [1024, 4096], 8192, 32768, chips=8)
+    >>> [(e.scheme, e.per_chip_batch, e.bound) for e in rows]  # doctest: +NORMALIZE_WHITESPACE
+    [('ddp', 1024.0, 'communication'), ('ddp', 4096.0, 'compute'),
+     ('tp', 1024.0, 'compute'), ('tp', 4096.0, 'compute')]
+    """
+    from .critical import best_split, scheme_mesh
+
+    hw = get_hardware(hardware)
+    out = []
+    for scheme in schemes:
+        for b in per_chip_batches:
+            if scheme == "fsdp_tp":
+                out.append(
+                    best_split(hw, b * chips, d_model, d_ff, chips=chips, layers=layers, overlap=overlap, dtype=dtype)
+                )
+            else:
+                mesh = scheme_mesh(scheme, chips)
+                out.append(estimate(scheme, mesh, hw, b * chips, d_model, d_ff, layers, overlap, dtype))
+    return out

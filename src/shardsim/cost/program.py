@@ -1,0 +1,126 @@
+"""The program a cost is read from: a scheme's own forward+backward, run on shape-only values.
+
+:func:`scheme_program` runs ``shardsim.run_strategy`` with :class:`~shardsim.ShapeDtype`
+inputs at the real sizes (no data, milliseconds). With ``layers=L`` the weights are stacked
+``[L, D, F]`` / ``[L, F, D]``, so the strategy runs its deep stack: the scheme's per-layer
+steps, layer after layer, each layer's input the previous layer's output. The result is a
+list of :class:`Step`: each event with its layer and the value ids it waits for and writes.
+
+The output gradient ``dOut`` comes from the loss, so the steps make it wait for the last
+forward value; the layer of an event is its position in the forward (or, reversed, the
+backward) pass, which runs the same steps for every layer (-1 when chips run different
+steps, as pipeline stages do).
+
+>>> from shardsim import Mesh
+>>> p = scheme_program("fsdp", Mesh(X=4), batch=64, d_model=32, d_ff=128, layers=2)
+>>> [(s.layer, s.event.op, s.event.label) for s in p.steps][:3]
+[(0, 'all_gather', 'W_in.0'), (0, 'matmul', 'In @ W_in.0'), (0, 'all_gather', 'W_out.0')]
+>>> len(p.steps), p.steps[8].layer, p.steps[8].event.phase
+(24, 1, 'backward')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..array import ShapeDtype
+from ..errors import ShardsimError
+from ..mesh import Mesh
+from ..trace import Event, Trace
+
+
+@dataclass(frozen=True)
+class Step:
+    """One event of the program, in a layer, with the value ids it reads and writes."""
+
+    event: Event
+    layer: int
+    inputs: tuple[int, ...]
+    output: int
+
+
+@dataclass
+class Program:
+    """A scheme's step as :class:`Step`s, and its per-chip peak memory by category (bytes)."""
+
+    scheme: str
+    mesh: Mesh
+    steps: list[Step]
+    layers: int
+    memory: dict[str, int]
+
+
+def trace_steps(trace: Trace | Sequence[Event]) -> list[Step]:
+    """A recorded trace as steps (layer 0), each reading and writing the ids it recorded.
+
+    >>> import shardsim
+    >>> w = shardsim.shard(shardsim.ShapeDtype((8, 8), "bfloat16"), shardsim.Mesh(X=2), "D_X F")
+    >>> with shardsim.trace() as t:
+    ...     full = shardsim.all_gather(w, "X")
+    >>> [(s.event.op, s.inputs == (w.uid,), s.output == full.uid) for s in trace_steps(t)]
+    [('all_gather', True, True)]
+    """
+    events = trace.events if isinstance(trace, Trace) else list(trace)
+    return [Step(e, 0, e.inputs, e.output) for e in events]
+
+
+def scheme_program(
+    scheme: str,
+    mesh: Mesh,
+    batch: int,
+    d_model: int,
+    d_ff: int,
+    *,
+    layers: int = 1,
+    dtype: Any = "bfloat16",
+    activation: str = "identity",
+    axes: Mapping[str, str] | None = None,
+) -> Program:
+    """Run ``scheme`` shape-only at these sizes on a fresh copy of ``mesh``; see the module doc."""
+    from ..strategies import run_strategy
+
+    if layers < 1:
+        raise ShardsimError(f"layers must be at least 1, got {layers}")
+    fresh = Mesh(dict(zip(mesh.axis_names, mesh.shape)))
+    stack = () if layers == 1 else (layers,)
+    params = {
+        "w_in": ShapeDtype((*stack, d_model, d_ff), dtype),
+        "w_out": ShapeDtype((*stack, d_ff, d_model), dtype),
+    }
+    x = ShapeDtype((batch, d_model), dtype)
+    result = run_strategy(
+        scheme, fresh, params, x, ShapeDtype((batch, d_model), dtype), activation=activation, axes=axes
+    )
+    memory = {c: int(np.max(v)) for c, v in result.memory.items()}
+    return Program(scheme, fresh, program_steps(result.trace.events, layers), layers, memory)
+
+
+def program_steps(events: Sequence[Event], layers: int = 1) -> list[Step]:
+    """Steps of a forward+backward trace of ``layers`` equal layers (see the module doc)."""
+    fwd = [e for e in events if e.phase == "forward"]
+    bwd = [e for e in events if e.phase == "backward"]
+    produced = {e.output for e in events}
+    read_forward = {i for e in fwd for i in e.inputs}
+    loss = {i for e in bwd for i in e.inputs} - produced - read_forward  # dOut
+    after_forward = fwd[-1].output if fwd else None
+
+    position: dict[int, int] = {}
+    if any(e.where for e in events):  # stages run different steps (a pipeline): no uniform layer order
+        position = {id(e): -1 for e in events}
+    elif layers > 1:
+        for part, reverse in ((fwd, False), (bwd, True)):
+            per_layer = len(part) // layers if len(part) % layers == 0 else 0
+            for k, e in enumerate(part):
+                block = k // per_layer if per_layer else -1
+                position[id(e)] = layers - 1 - block if reverse and per_layer else block
+    steps = []
+    for e in events:
+        inputs = e.inputs
+        if after_forward is not None and loss & set(inputs):
+            inputs = tuple(after_forward if i in loss else i for i in inputs)
+        steps.append(Step(e, position.get(id(e), 0), inputs, e.output))
+    return steps

@@ -1,0 +1,292 @@
+"""The time line of one chip: a compute stream and a communication stream per mesh axis.
+
+Every chip runs the same program on same-shaped blocks (SPMD), so one chip's time line is
+every chip's. Matmuls take their roofline time, collectives the book's formulas, and
+:mod:`shardsim.cost.schedule` places them: matmuls in program order, each collective once
+its input exists and the matmul ``prefetch`` ops before its reader has started, on the links
+of its mesh axes (collectives over different axes use different links and may run at once,
+as the book assumes for FSDP+TP). ``overlap=False`` runs everything one after the other.
+
+``comm_exposed_s`` is the time the compute stream waits; ``comm_hidden_s = comm_s -
+comm_exposed_s`` is the communication the step does not pay for, so turning overlap off
+lengthens the step by exactly ``comm_hidden_s``.
+
+>>> from shardsim import Mesh
+>>> from shardsim.cost import build_timeline, get_hardware, place, scheme_program
+>>> v5p, mesh = get_hardware("tpu-v5p"), Mesh(X=16)
+>>> prog = scheme_program("fsdp", mesh, batch=16 * 4096, d_model=8192, d_ff=32768, layers=2)
+>>> tl = build_timeline(prog.steps, v5p, place(v5p, mesh))
+>>> tl.streams()
+['compute', 'comm X']
+>>> round(tl.comm_exposed_s * 1e3, 3)  # only the first weight AllGather waits
+2.983
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from ..mesh import Mesh
+from ..trace import COLLECTIVES, Event, Trace
+from .collectives import collective_time
+from .hardware import Hardware
+from .placement import AxisLink, Placement, place
+from .presets import get_hardware
+from .program import Step, trace_steps
+from .roofline import matmul_time
+from .schedule import Slot, schedule
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One event on the time line. ``hidden`` is the part of a collective under compute."""
+
+    index: int
+    stream: str
+    op: str
+    axes: tuple[str, ...]
+    label: str
+    phase: str
+    layer: int
+    start: float
+    end: float
+    nbytes: int
+    flops: int
+    limit: str
+    intensity: float | None = None
+    flops_s: float = 0.0
+    memory_s: float = 0.0
+    hidden: float = 0.0
+    where: str = ""
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    @property
+    def is_compute(self) -> bool:
+        return self.stream.startswith("compute")
+
+    @property
+    def exposed(self) -> float:
+        """Seconds of this collective with the compute stream idle (0 for compute)."""
+        return 0.0 if self.is_compute else self.seconds - self.hidden
+
+
+@dataclass
+class Timeline:
+    """Bars of one chip's step, with totals; ``text()`` and ``plot()`` draw it."""
+
+    bars: list[Bar]
+    step_s: float
+    overlap: bool
+    title: str = ""
+
+    @property
+    def compute_s(self) -> float:
+        """Busy time of the compute stream (of the busiest chips when chips run different steps)."""
+        return max(
+            (sum(b.seconds for b in bars if b.is_compute) for bars in _by_chips(self.bars).values()), default=0.0
+        )
+
+    @property
+    def comm_s(self) -> float:
+        """Sum of every collective's time (what the step pays with no overlap)."""
+        return sum(b.seconds for b in self.bars if not b.is_compute)
+
+    @property
+    def comm_exposed_s(self) -> float:
+        """Time the step spends with compute idle, waiting for communication."""
+        return max(0.0, self.step_s - self.compute_s)
+
+    @property
+    def comm_hidden_s(self) -> float:
+        """Communication the step does not pay for: ``comm_s - comm_exposed_s``."""
+        return max(0.0, self.comm_s - self.comm_exposed_s)
+
+    def streams(self) -> list[str]:
+        """The compute streams, then the communication streams, in order of first use."""
+        compute = dict.fromkeys(b.stream for b in self.bars if b.is_compute) or {"compute": None}
+        return [*compute, *dict.fromkeys(b.stream for b in self.bars if not b.is_compute)]
+
+    def phase_totals(self) -> dict[str, dict[str, float]]:
+        """Per phase, seconds of: ``compute`` (roofline), ``flops`` (FLOPs at peak alone),
+        ``memory`` (HBM traffic alone), ``comm`` (sum of collective times) and, per mesh
+        axis, ``comm X`` ... (the collectives using that axis's links). When chips run
+        different steps (pipeline stages), compute, FLOPs and HBM times are the busiest chips'."""
+        out: dict[str, dict[str, float]] = {}
+        for b in self.bars:
+            row = out.setdefault(b.phase, {"compute": 0.0, "flops": 0.0, "memory": 0.0, "comm": 0.0})
+            if not b.is_compute:
+                row["comm"] += b.seconds
+                for link in [f"comm {a}" for a in b.axes] or [b.stream]:
+                    row[link] = row.get(link, 0.0) + b.seconds
+        for phase, row in out.items():
+            for key, attr in (("compute", "seconds"), ("flops", "flops_s"), ("memory", "memory_s")):
+                row[key] = max(
+                    (
+                        sum(getattr(b, attr) for b in bars if b.is_compute and b.phase == phase)
+                        for bars in _by_chips(self.bars).values()
+                    ),
+                    default=0.0,
+                )
+        return out
+
+    def text(self, width: int = 100) -> str:
+        """The Gantt chart as text (see :func:`shardsim.cost.gantt.gantt_text`)."""
+        from .gantt import gantt_text
+
+        return gantt_text(self, width)
+
+    def plot(self, path: str | None = None, **kwargs: Any) -> Figure:
+        """The Gantt chart as a matplotlib figure, saved to ``path`` if given (PNG)."""
+        from .gantt import gantt_png
+
+        return gantt_png(self, path, **kwargs)
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+def build_timeline(
+    steps: Sequence[Step],
+    hardware: Hardware,
+    placement: Placement,
+    *,
+    overlap: bool = True,
+    prefetch: int = 1,
+    title: str = "",
+) -> Timeline:
+    """Cost every step on ``hardware`` and schedule them (:func:`~shardsim.cost.schedule.schedule`)."""
+    groups = sorted({st.event.where for st in steps if st.event.where})
+    costs: dict[tuple[Any, ...], _Cost | None] = {}
+    per_step: list[_Cost | None] = []
+    slots: list[Slot] = []
+    for st in steps:
+        e = st.event
+        key = (e.op, e.axes, e.flops, e.hbm_bytes, e.array_bytes, e.received_bytes, e.dtype, e.where)
+        if key not in costs:
+            costs[key] = _cost(e, hardware, placement, groups)
+        cost = costs[key]
+        per_step.append(cost)
+        slots.append(Slot(None, (), 0.0) if cost is None else Slot(cost.stream, cost.links, cost.seconds))
+    bars = []
+    for p in sorted(schedule(steps, slots, overlap=overlap, prefetch=prefetch), key=lambda p: p.index):
+        st, cost = steps[p.index], per_step[p.index]
+        assert cost is not None
+        e = st.event
+        nbytes = e.hbm_bytes if cost.stream.startswith("compute") else e.array_bytes or e.received_bytes
+        bars.append(
+            Bar(
+                p.index, cost.stream, e.op, e.axes, e.label, e.phase, st.layer, p.start, p.end, nbytes, e.flops,
+                cost.limit, cost.intensity, cost.flops_s, cost.memory_s, where=e.where,
+            )
+        )  # fmt: skip
+    step = max((b.end for b in bars), default=0.0)
+    return Timeline(_with_hidden(bars), step, overlap, title)
+
+
+def timeline_of(
+    trace: Trace,
+    hardware: Hardware | str,
+    mesh: Mesh,
+    *,
+    overlap: bool = True,
+    links: Mapping[str, str | AxisLink] | None = None,
+) -> Timeline:
+    """The time line of a trace you recorded yourself (``with shardsim.trace() as t: ...``).
+
+    >>> import shardsim
+    >>> mesh = shardsim.Mesh(X=4)
+    >>> w = shardsim.shard(shardsim.ShapeDtype((8192, 8192), "bfloat16"), mesh, "D_X F")
+    >>> with shardsim.trace() as t:
+    ...     full = shardsim.all_gather(w, "X")
+    >>> round(timeline_of(t, "tpu-v5p", mesh).step_s * 1e6)  # V / W_ici = 2**27 B / 1.8e11 B/s
+    746
+    """
+    hw = get_hardware(hardware)
+    return build_timeline(trace_steps(trace), hw, place(hw, mesh, links), overlap=overlap)
+
+
+@dataclass(frozen=True)
+class _Cost:
+    stream: str
+    links: tuple[str, ...]
+    seconds: float
+    limit: str
+    intensity: float | None = None
+    flops_s: float = 0.0
+    memory_s: float = 0.0
+
+
+def _cost(e: Event, hardware: Hardware, placement: Placement, groups: Sequence[str] = ()) -> _Cost | None:
+    """Where event ``e`` runs and for how long; None for a local op that costs nothing.
+
+    ``groups`` are the sets of chips some events run on alone (``Event.where``, e.g. the
+    stages of a pipeline): each has its own compute stream and links; an event every chip
+    runs occupies all of them.
+    """
+    on = [e.where] if e.where else list(groups)
+    suffix = f" {e.where}" if e.where else ""
+
+    def links(name: str) -> tuple[str, ...]:
+        return tuple(f"{name} {g}" for g in on) or (name,)
+
+    if e.op == "matmul" or e.flops:
+        r = matmul_time(e.flops, e.hbm_bytes, hardware, e.dtype or "bfloat16")
+        return _Cost("compute" + suffix, links("compute"), r.seconds, r.bound, r.intensity, r.flops_s, r.memory_s)
+    if e.op in COLLECTIVES and e.axes:
+        t = collective_time(e.op, _volume(e), placement.route(e.axes), hardware.ring)
+        axes_links = tuple(link for a in e.axes for link in links(f"comm {a}"))
+        return _Cost("comm " + ",".join(e.axes) + suffix, axes_links, t.seconds, t.limit)
+    if e.op == "host_transfer" and hardware.host_bandwidth:
+        return _Cost("host" + suffix, links("host"), e.received_bytes / hardware.host_bandwidth, "bandwidth")
+    return None
+
+
+def _volume(e: Event) -> float:
+    """V of the book's formulas; from the bytes sent when a trace did not record it."""
+    if e.array_bytes:
+        return e.array_bytes
+    n = max(e.group_size, 2)
+    if e.op == "all_reduce":
+        return e.sent_bytes * n / (2 * (n - 1))
+    if e.op == "all_to_all":
+        return e.sent_bytes * n * n / (n - 1)
+    if e.op == "ppermute":
+        return e.sent_bytes
+    return e.sent_bytes * n / (n - 1)
+
+
+def _by_chips(bars: Sequence[Bar]) -> dict[str, list[Bar]]:
+    """Bars per set of chips (``Event.where``); a bar every chip runs goes to every set."""
+    groups = sorted({b.where for b in bars if b.where})
+    if not groups:
+        return {"": list(bars)}
+    return {g: [b for b in bars if b.where in ("", g)] for g in groups}
+
+
+def _with_hidden(bars: list[Bar]) -> list[Bar]:
+    """Fill ``hidden``: the seconds each collective overlaps the compute of its chips."""
+    compute = {g: [b for b in group if b.is_compute] for g, group in _by_chips(bars).items()}
+    out = []
+    for b in bars:
+        if b.is_compute or b.seconds == 0:
+            out.append(b)
+            continue
+        mine = compute.get(b.where) or compute.get("") or max(compute.values(), key=len)
+        starts = [c.start for c in mine]
+        hidden = 0.0
+        k = max(0, bisect.bisect_right(starts, b.start) - 1)
+        while k < len(mine) and mine[k].start < b.end:
+            c = mine[k]
+            hidden += max(0.0, min(b.end, c.end) - max(b.start, c.start))
+            k += 1
+        out.append(replace(b, hidden=min(hidden, b.seconds)))
+    return out

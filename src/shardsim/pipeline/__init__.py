@@ -1,0 +1,13 @@
+"""Pipeline parallelism: schedules as data, and the executor that runs them stage by stage.
+
+>>> from shardsim.pipeline import one_f_one_b
+>>> one_f_one_b(stages=4, microbatches=8).bubble()  # (p-1)/m
+0.375
+"""
+
+from __future__ import annotations
+
+from .execute import Executed, PipelineStep
+from .schedule import Item, Schedule, gpipe, interleaved, make, one_f_one_b
+
+__all__ = ["Executed", "Item", "PipelineStep", "Schedule", "gpipe", "interleaved", "make", "one_f_one_b"]

@@ -1,0 +1,267 @@
+"""``shardsim train``: a small regression problem trained under every scheme and ZeRO stage.
+
+A student MLP stack learns to reproduce a random teacher stack's outputs. Each scheme trains
+it for a few steps from the same start; the command prints the loss per step (the same
+under every scheme, and the same as plain single-device NumPy), then each chip's memory by
+category next to the ZeRO closed forms, and the bytes each chip sent per step.
+
+:func:`add_train_arguments` configures an ``argparse`` parser; :func:`train_command` runs it
+and returns the exit code (0 when every scheme matched the single-device losses, 1 if not).
+
+>>> import argparse
+>>> parser = argparse.ArgumentParser()
+>>> add_train_arguments(parser)
+>>> code = train_command(parser.parse_args(["--scheme", "zero2", "--steps", "2", "--quiet"]))
+zero2 on Mesh(X=4): PASS
+>>> code
+0
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import formulas, mlp, strategies
+from ..dtypes import eps, tolerance
+from ..mesh import Mesh
+from . import optim
+from .precision import Precision
+from .trainer import StepResult, Trainer
+
+#: The schemes ``shardsim train`` runs when none is named: the ZeRO stages, then model parallel.
+DEFAULT_SCHEMES = ("ddp", "zero1", "zero2", "zero3", "tp", "fsdp_tp")
+CATEGORIES = ("params", "grads", "optimizer")
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``shardsim train``'s options to ``parser``."""
+    parser.add_argument(
+        "--scheme",
+        action="append",
+        metavar="NAME",
+        help=f"scheme to train under (repeatable; default: {' '.join(DEFAULT_SCHEMES)})",
+    )
+    parser.add_argument("--chips", type=_positive, default=4, help="chips per mesh (default 4)")
+    parser.add_argument("--layers", type=_positive, default=2, help="MLP blocks in the stack (default 2)")
+    parser.add_argument("--batch", type=_positive, default=8, help="batch size B (default 8)")
+    parser.add_argument("--d-model", type=_positive, default=16, help="model width D (default 16)")
+    parser.add_argument("--d-ff", type=_positive, default=32, help="hidden width F (default 32)")
+    parser.add_argument("--steps", type=_positive, default=4, help="training steps (default 4)")
+    parser.add_argument(
+        "--optimizer", choices=["sgd", "momentum", "adam", "adamw"], default="adam", help="(default adam)"
+    )
+    parser.add_argument("--lr", type=float, default=1e-2, help="learning rate (default 0.01)")
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "fp64", "bf16", "fp16"],
+        default="fp32",
+        help="fp32/fp64: one dtype throughout; bf16/fp16: 16-bit weights, activations and gradients "
+        "with float32 master weights and moments (default fp32)",
+    )
+    parser.add_argument("--reduce-dtype", help="dtype the gradients are reduced in (default: the compute dtype)")
+    parser.add_argument("--activation", choices=["identity", "relu", "gelu"], default="gelu", help="(default gelu)")
+    parser.add_argument("--residual", action="store_true", help="each block adds its input")
+    parser.add_argument("--recompute", action="store_true", help="keep block inputs only; recompute in backward")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--quiet", action="store_true", help="print one PASS/FAIL line per scheme only")
+
+
+def train_command(args: argparse.Namespace) -> int:
+    """Run ``shardsim train`` with parsed ``args``; 0 if every scheme matched single-device training."""
+    names = args.scheme or list(DEFAULT_SCHEMES)
+    for name in names:
+        strategies.get(name)  # unknown names fail before any work
+    precision = Precision.of(args.precision, reduce=args.reduce_dtype)
+    params, x, target = problem(args.layers, args.batch, args.d_model, args.d_ff, args.seed)
+    opt = optim.get(args.optimizer, lr=args.lr)
+    options: dict[str, Any] = dict(
+        precision=precision, activation=args.activation, residual=args.residual, recompute=args.recompute
+    )
+    want = reference_losses(params, x, target, opt, args.steps, args.activation, args.residual)
+    tol = loss_tolerance(precision, args.layers, args.batch, args.d_model, args.d_ff, args.steps)
+    runs: dict[str, tuple[Mesh, list[StepResult]]] = {}
+    ok = True
+    for name in names:
+        mesh = mesh_for(name, args.chips)
+        trainer = Trainer(name, mesh, params, opt, **options)
+        results = [trainer.step(x, target) for _ in range(args.steps)]
+        runs[name] = (mesh, results)
+        got = np.array([r.loss for r in results])
+        passed = bool(np.all(np.abs(got - want) <= tol * np.abs(want)))
+        ok &= passed
+        if args.quiet:
+            print(f"{name} on {mesh}: {'PASS' if passed else 'FAIL'}")
+    if not args.quiet:
+        n = args.layers * 2 * args.d_model * args.d_ff
+        print(
+            f"Training a {args.layers}-block MLP stack (B={args.batch}, D={args.d_model}, F={args.d_ff}; "
+            f"{n:,} parameters) to fit a random teacher stack: {args.optimizer}, lr {args.lr:g}, "
+            f"{precision}, {args.activation}{', residual' if args.residual else ''}"
+            f"{', recompute' if args.recompute else ''}.\n"
+        )
+        print(loss_table(runs, want, tol))
+        print()
+        print(memory_table(runs, n, precision, opt.name))
+    return 0 if ok else 1
+
+
+# -- the problem and its single-device answer ---------------------------------------------------
+def problem(layers: int, batch: int, d_model: int, d_ff: int, seed: int = 0) -> tuple[dict[str, np.ndarray], ...]:
+    """``(params, x, target)``: a student stack and a teacher stack's outputs on random inputs.
+
+    >>> p, x, y = problem(2, 4, 8, 16)
+    >>> p["w_in"].shape, x.shape, y.shape
+    ((2, 8, 16), (4, 8), (4, 8))
+    """
+    params = mlp.init_stack(layers, d_model, d_ff, seed=seed)
+    teacher = mlp.init_stack(layers, d_model, d_ff, seed=seed + 1000)
+    x = np.random.default_rng(seed).standard_normal((batch, d_model)).astype(np.float32)
+    target = mlp.stack_forward(teacher, x, "gelu").astype(np.float32)
+    return params, x, target
+
+
+def reference_losses(
+    params: dict[str, np.ndarray],
+    x: np.ndarray,
+    target: np.ndarray,
+    opt: optim.Optimizer,
+    steps: int,
+    activation: str,
+    residual: bool,
+) -> np.ndarray:
+    """The losses of ``steps`` plain single-device steps in float64 (the same optimizer on whole arrays)."""
+    w = {k: v.astype(np.float64) for k, v in params.items()}
+    state = {k: opt.init_state(v) for k, v in w.items()}
+    x64, t64 = x.astype(np.float64), target.astype(np.float64)
+    losses = []
+    for step in range(1, steps + 1):
+        out = mlp.stack_forward(w, x64, activation, residual)
+        diff = out - t64
+        losses.append(float(np.mean(diff**2)))
+        grads = mlp.stack_backward(w, x64, 2 * diff / diff.size, activation, residual)
+        for k in w:
+            opt.update(w[k], grads[k], state[k], step)
+    return np.array(losses)
+
+
+def loss_tolerance(precision: Precision, layers: int, batch: int, d_model: int, d_ff: int, steps: int) -> float:
+    """Relative tolerance on a loss: the compute dtype's rounding through the stack, per step.
+
+    16-bit compute rounds each block's weights and activations, about one epsilon per block;
+    32/64-bit compute sums ``max(B, D, F)`` products per matmul, a few ulps times its square
+    root, on each of ``4L + 2`` matmuls between the loss and a weight.
+    """
+    if precision.compute.itemsize == 2:
+        return layers * eps(precision.compute) * steps
+    return tolerance(precision.compute, max(batch, d_model, d_ff)) * (4 * layers + 2) * steps
+
+
+def mesh_for(name: str, chips: int) -> Mesh:
+    """The mesh a scheme trains on: ``X=chips`` (data), ``Y=chips`` (model), or ``X×Y`` for both.
+
+    >>> mesh_for("fsdp_tp", 8), mesh_for("tp", 4)
+    (Mesh(X=2, Y=4), Mesh(Y=4))
+    """
+    roles = strategies.get(name).roles
+    if roles == ("data",):
+        return Mesh(X=chips)
+    if roles == ("model",):
+        return Mesh(Y=chips)
+    x = max(d for d in range(1, math.isqrt(chips) + 1) if chips % d == 0)
+    return Mesh(X=x, Y=chips // x)
+
+
+# -- tables ------------------------------------------------------------------------------------
+def loss_table(runs: dict[str, tuple[Mesh, list[StepResult]]], want: np.ndarray, tol: float) -> str:
+    """Loss per step under every scheme, with the single-device row and a verdict."""
+    steps = len(want)
+    rows = [("scheme", "mesh", *(f"step {i + 1}" for i in range(steps)), "vs 1 device")]
+    rows.append(("1 device", "-", *(f"{v:.6f}" for v in want), f"tol {tol:.1e}"))
+    for name, (mesh, results) in runs.items():
+        got = np.array([r.loss for r in results])
+        worst = float(np.max(np.abs(got - want) / np.abs(want)))
+        verdict = f"{worst:.1e} {'PASS' if worst <= tol else 'FAIL'}"
+        rows.append((name, repr(mesh).removeprefix("Mesh"), *(f"{v:.6f}" for v in got), verdict))
+    return "Loss per step (mean squared error before each update)\n" + _table(rows)
+
+
+def memory_table(
+    runs: dict[str, tuple[Mesh, list[StepResult]]], num_params: int, precision: Precision, opt: str
+) -> str:
+    """Chip 0's bytes by category when the backward pass ends, the closed form, peaks and traffic."""
+    header = ("scheme", "stage", *CATEGORIES, "model state", "formula", "activations", "peak total", "sent/step")
+    rows = [header]
+    try:
+        name = precision.formula_name
+    except ValueError:
+        name = None
+    for scheme, (mesh, results) in runs.items():
+        r = results[-1]
+        chip0 = (0,) * len(mesh.shape)
+        state = {c: int(r.model_state[c][chip0]) for c in CATEGORIES}
+        formula = "-"
+        if name is not None and scheme in formulas.SCHEME_STAGES:
+            axes = {role: mesh.axis_size(axis) for role, axis in r.axes.items()}
+            formula = _bytes(sum(formulas.scheme_model_state(scheme, num_params, axes, name, opt).values()))
+        stage = formulas.SCHEME_STAGES.get(scheme, "-")
+        sent = sum(r.trace.total("sent_bytes", phase=p) for p in ("forward", "backward", "optimizer"))
+        rows.append(
+            (
+                scheme,
+                str(stage) if scheme in ("ddp", "zero1", "zero2", "zero3", "fsdp") else f"({stage})",
+                *(_bytes(state[c]) for c in CATEGORIES),
+                _bytes(sum(state.values())),
+                formula,
+                _bytes(int(r.memory["activations"][chip0])),
+                _bytes(int(r.memory["total"][chip0])),
+                _bytes(sent),
+            )
+        )
+    note = (
+        "Per-chip memory (chip 0, bytes): params, grads and optimizer state live when the backward pass\n"
+        "ends (what the ZeRO formulas count), their closed form, the step's activation and total peaks,\n"
+        "and the bytes each chip sent for weights and gradients in one step. tp and fsdp_tp shard all\n"
+        "state like stage 3, over their own chips."
+    )
+    return note + "\n" + _table(rows)
+
+
+def _bytes(n: float) -> str:
+    return f"{n:,.0f}"
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for j, row in enumerate(rows):
+        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(cells).rstrip())
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {n}")
+    return n
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m shardsim.training.cli [options]``: the same as ``shardsim train``."""
+    parser = argparse.ArgumentParser(prog="shardsim train", description=__doc__.split("\n\n")[0])
+    add_train_arguments(parser)
+    return train_command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

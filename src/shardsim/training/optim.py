@@ -1,0 +1,154 @@
+"""Optimizers by hand in NumPy: SGD with momentum, Adam and AdamW, elementwise on the blocks.
+
+An optimizer's :meth:`update` works in place on one chip-stacked array of weights and the
+matching arrays of its state (the compact blocks of sharded values, or any NumPy arrays):
+every element is updated from its own gradient, so a chip holding a slice updates exactly
+that slice. Which slice a chip holds is the scheme's business (``[D_X, F]`` under ZeRO),
+not the optimizer's.
+
+>>> import numpy as np
+>>> w, g = np.array([1.0, -2.0]), np.array([0.5, 0.5])
+>>> opt = Adam(lr=0.1)
+>>> state = opt.init_state(w)
+>>> opt.update(w, g, state, step=1)  # first Adam step: lr * sign(g)
+>>> w
+array([ 0.9, -2.1])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+State = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class SGD:
+    """Stochastic gradient descent, with momentum as PyTorch writes it (no dampening).
+
+    ``buf = momentum * buf + g``; ``w -= lr * buf``. ``weight_decay`` adds ``wd * w`` to the
+    gradient (L2). With ``momentum=0`` there is no state.
+
+    >>> import numpy as np
+    >>> w = np.array([1.0]); opt = SGD(lr=0.5, momentum=0.9); s = opt.init_state(w)
+    >>> opt.update(w, np.array([1.0]), s, 1); opt.update(w, np.array([1.0]), s, 2); w
+    array([-0.45])
+    """
+
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    @property
+    def name(self) -> str:
+        """``momentum`` or ``sgd``: the key of :data:`shardsim.formulas.MOMENTS`."""
+        return "momentum" if self.momentum else "sgd"
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        """Names of the per-parameter state arrays."""
+        return ("momentum",) if self.momentum else ()
+
+    def init_state(self, w: np.ndarray) -> State:
+        """Zero state shaped like ``w``."""
+        return {k: np.zeros_like(w) for k in self.slots}
+
+    def update(self, w: np.ndarray, g: np.ndarray, state: State, step: int) -> None:
+        """One step in place on ``w`` and ``state`` (``step`` counts from 1)."""
+        g = g.astype(w.dtype, copy=False)  # a 16-bit gradient joins float32 master weights
+        if self.weight_decay:
+            g = g + self.weight_decay * w
+        if self.momentum:
+            buf = state["momentum"]
+            buf *= self.momentum
+            buf += g
+            g = buf
+        w -= self.lr * g
+
+
+@dataclass(frozen=True)
+class Adam:
+    """Adam (Kingma & Ba) with bias correction; ``decoupled`` weight decay makes it AdamW.
+
+    ``m = b1 m + (1-b1) g``, ``v = b2 v + (1-b2) g²``,
+    ``w -= lr · (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)``. Weight decay is L2 (added to
+    ``g``) unless ``decoupled``, where ``w -= lr · wd · w`` first (Loshchilov & Hutter).
+
+    >>> Adam().slots
+    ('m', 'v')
+    """
+
+    lr: float = 1e-3
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    decoupled: bool = False
+    slots: ClassVar[tuple[str, ...]] = ("m", "v")
+
+    @property
+    def name(self) -> str:
+        return "adamw" if self.decoupled else "adam"
+
+    def init_state(self, w: np.ndarray) -> State:
+        return {k: np.zeros_like(w) for k in self.slots}
+
+    def update(self, w: np.ndarray, g: np.ndarray, state: State, step: int) -> None:
+        """One step in place on ``w``, ``m`` and ``v`` (``step`` counts from 1)."""
+        g = g.astype(w.dtype, copy=False)  # a 16-bit gradient joins float32 master weights
+        if self.weight_decay and not self.decoupled:
+            g = g + self.weight_decay * w
+        m, v = state["m"], state["v"]
+        m *= self.b1
+        m += (1.0 - self.b1) * g
+        v *= self.b2
+        g2 = np.multiply(g, g, dtype=v.dtype)
+        g2 *= 1.0 - self.b2
+        v += g2
+        # denominator sqrt(v / (1 - b2^t)) + eps, built in the g2 buffer
+        denom = np.sqrt(v, out=g2)
+        denom *= 1.0 / math.sqrt(1.0 - self.b2**step)
+        denom += self.eps
+        if self.weight_decay and self.decoupled:
+            w *= 1.0 - self.lr * self.weight_decay
+        step_size = self.lr / (1.0 - self.b1**step)
+        np.divide(m, denom, out=denom)
+        denom *= step_size
+        w -= denom
+
+
+def AdamW(  # noqa: N802 - reads as the optimizer's name
+    lr: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.01
+) -> Adam:
+    """Adam with decoupled weight decay (``torch.optim.AdamW``'s defaults).
+
+    >>> AdamW().name
+    'adamw'
+    """
+    return Adam(lr=lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, decoupled=True)
+
+
+Optimizer = SGD | Adam
+
+
+def get(name: str, lr: float | None = None, **kwargs: float) -> Optimizer:
+    """An optimizer by name: ``sgd``, ``momentum`` (SGD with momentum 0.9), ``adam``, ``adamw``.
+
+    >>> get("momentum", lr=0.1)
+    SGD(lr=0.1, momentum=0.9, weight_decay=0.0)
+    """
+    if lr is not None:
+        kwargs["lr"] = lr
+    if name == "sgd":
+        return SGD(**kwargs)
+    if name == "momentum":
+        return SGD(**{"momentum": 0.9, **kwargs})
+    if name == "adam":
+        return Adam(**kwargs)
+    if name == "adamw":
+        return AdamW(**kwargs)
+    raise ValueError(f"unknown optimizer {name!r}; choose one of ['sgd', 'momentum', 'adam', 'adamw']")

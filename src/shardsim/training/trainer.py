@@ -1,0 +1,358 @@
+"""A training step on any scheme: forward, loss, backward, gradient synchronisation, update.
+
+The step runs the scheme's own per-layer forward and backward layer after layer (the same
+steps :func:`shardsim.run_strategy` runs), then the optimizer step, and reports the loss,
+the trace (phases ``forward``, ``loss``, ``backward``, ``recompute``, ``optimizer``) and every
+chip's memory by category, measured by the ledger from the values' real lifetimes.
+
+Where the optimizer state lives (``state_layouts``) decides the optimizer step:
+
+- the weights' own layout (ddp, fsdp = zero3, tp, fsdp_tp): each chip updates what it holds,
+  in place; no communication.
+- slices of replicated weights (zero1, zero2): ``1.`` ReduceScatter the gradients still
+  whole (zero1), ``2.`` each chip updates its slice, ``3.`` AllGather the weights back.
+
+>>> import numpy as np, shardsim
+>>> from shardsim import mlp
+>>> params = mlp.init_stack(2, 8, 16)
+>>> x = np.ones((4, 8), np.float32)
+>>> trainer = Trainer("zero2", shardsim.Mesh(X=2), params, SGD(lr=0.1))
+>>> r = trainer.step(x, np.zeros_like(x))
+>>> r.trace.collectives("optimizer")
+[('all_gather', ('X',)), ('all_gather', ('X',)), ('all_gather', ('X',)), ('all_gather', ('X',))]
+>>> r.layouts["dw_in"], r.layouts["opt_w_in"]
+('[D_X, F]', '[D_X, F]')
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import strategies
+from ..array import ShapeDtype, ShardedArray, shard
+from ..collectives import reduce_dtype
+from ..errors import ShardingError
+from ..layout import Layout
+from ..mesh import Mesh
+from ..ops import cast
+from ..reshard import local_slice
+from ..strategies import zero
+from ..strategies.base import Ctx, Grads, Params, Scheme
+from ..strategies.run import (
+    backward_stack,
+    forward_stack,
+    layer_of,
+    reduce_gradients,
+    resolve_axes,
+    stack_depth,
+    weight_label,
+)
+from ..trace import Trace, phase, trace
+from .loss import mse
+from .optim import SGD, Adam, Optimizer  # noqa: F401 - SGD for the examples
+from .precision import Precision
+
+MODEL_STATE = ("params", "grads", "optimizer")
+
+
+@dataclass
+class StepResult:
+    """What one training step shows.
+
+    ``loss`` is the mean squared error before the update (None for a shape-only run).
+    ``memory`` is each chip's peak bytes by category during the step, shape ``mesh.shape``,
+    plus ``"total"`` — absolute, counting the weights and optimizer state that live across
+    steps (unlike :class:`~shardsim.strategies.StrategyResult`, which counts above what was
+    live before). ``model_state`` is each chip's live ``params``, ``grads`` and
+    ``optimizer`` bytes when the backward pass has finished and the optimizer step has not
+    begun: the moment the ZeRO paper's per-device formulas describe.
+    ``stored_activations`` is each chip's live activation bytes at the end of the forward
+    pass: what the blocks keep for the backward pass, plus the output. ``layouts`` has the
+    input, weights, output, reduced gradients (``dw_in``) and optimizer state (``opt_w_in``).
+    ``params`` (global weights after the step) is filled by :func:`train_step`.
+    """
+
+    scheme: str
+    mesh: Mesh
+    step: int
+    loss: float | None
+    trace: Trace
+    memory: dict[str, np.ndarray]
+    model_state: dict[str, np.ndarray]
+    stored_activations: np.ndarray
+    layouts: dict[str, str]
+    axes: dict[str, str] = field(default_factory=dict)
+    params: dict[str, np.ndarray] | None = None
+
+
+class Trainer:
+    """Sharded weights and optimizer state of an MLP (one block or a stack), trained step by step.
+
+    ``params`` are global arrays ``{"w_in": [D, F], "w_out": [F, D]}`` or stacks
+    ``[L, D, F]`` / ``[L, F, D]`` (or :class:`~shardsim.ShapeDtype` for a shape-only run at real
+    sizes). ``precision`` is a :class:`Precision` or a name (``fp32``, ``fp64``, ``bf16``,
+    ``fp16``), by default the params' own dtype with no master copy; ``reduce_dtype``
+    overrides the dtype gradients are reduced in. ``recompute`` keeps only each block's
+    input and runs its forward again in the backward pass.
+
+    >>> import numpy as np, shardsim
+    >>> t = Trainer("ddp", shardsim.Mesh(X=2), shardsim.mlp.init(4, 8), precision="bf16")
+    >>> t.master_dtype, t.weights()["w_in"].dtype.name
+    (dtype('float32'), 'bfloat16')
+    """
+
+    def __init__(
+        self,
+        scheme: str | Scheme,
+        mesh: Mesh,
+        params: Mapping[str, Any],
+        optimizer: Optimizer | None = None,
+        *,
+        precision: str | Precision | None = None,
+        reduce_dtype: Any = None,
+        activation: str = "identity",
+        residual: bool = False,
+        recompute: bool = False,
+        axes: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> None:
+        self.scheme = strategies.get(scheme) if isinstance(scheme, str) else scheme
+        self.mesh = mesh
+        self.optimizer: Optimizer = optimizer if optimizer is not None else Adam()
+        if precision is None:  # compute in the params' own dtype, no separate master
+            precision = Precision(_spec(next(iter(params.values()))).dtype)
+        self.precision = Precision.of(precision, reduce=reduce_dtype)
+        self.residual, self.recompute = residual, recompute
+        self.axes = resolve_axes(self.scheme, mesh, axes)
+        self.ctx = Ctx(axes=self.axes, activation=activation, options=options).check()
+        self.layouts = self.scheme.layouts(self.ctx)
+        self.names = [k for k in self.layouts if k not in ("x", "out")]
+        if sorted(params) != sorted(self.names):
+            raise ShardingError(
+                f"{self.scheme.name} needs params {self.names} (global arrays); got keys {sorted(params)}"
+            )
+        self.state_layouts = zero.state_layouts(self.scheme, self.ctx)
+        _reductions_in(self.precision, self.ctx, self.scheme)  # a reduce_dtype the scheme cannot use fails here
+        self.depth = stack_depth(params)
+        self._blocks = [params] if self.depth is None else [layer_of(params, i) for i in range(self.depth)]
+        self.step_count = 0
+        self.params: list[Params] = []  # the weights the chips compute with (compute dtype)
+        self.master: list[Params] = []  # float32 master weights (mixed precision only), state layout
+        self.moments: list[dict[str, dict[str, ShardedArray]]] = []  # optimizer state, state layout
+        prec = self.precision
+        for i, block in enumerate(self._blocks):
+            weights, masters, moments = {}, {}, {}
+            for k in self.names:
+                label = weight_label(k, i, self.depth)
+                weights[k] = _place(block[k], mesh, self.layouts[k], prec.compute, label, "params")
+                if prec.mixed:
+                    masters[k] = _place(block[k], mesh, self.state_layouts[k], prec.state_dtype, label, "optimizer")
+                moments[k] = {
+                    slot: _place(
+                        _zeros_like(block[k]), mesh, self.state_layouts[k], prec.state_dtype, label, "optimizer"
+                    )
+                    for slot in self.optimizer.slots
+                }
+            self.params.append(weights)
+            self.master.append(masters)
+            self.moments.append(moments)
+        self._blocks = [{k: _spec(v) for k, v in b.items()} for b in self._blocks]  # shapes only from here on
+
+    # -- the step ---------------------------------------------------------------------------
+    def step(self, x: Any, target: Any) -> StepResult:
+        """One training step on inputs ``x`` and regression targets ``target`` (both ``[B, D]``)."""
+        scheme, ctx, mesh, prec = self.scheme, self.ctx, self.mesh, self.precision
+        if scheme.check_shapes is not None:
+            scheme.check_shapes(self._blocks[0], x, target)
+        ledger = mesh.memory
+        ledger.reset_peak()
+        self.step_count += 1
+        with trace() as t, _reductions_in(prec, ctx, scheme):
+            xs = _place(x, mesh, self.layouts["x"], prec.compute, "In", "activations")
+            with phase("forward"):
+                out, saved = forward_stack(
+                    scheme, ctx, xs, self.params, residual=self.residual, recompute=self.recompute
+                )
+            x_layout = str(xs.layout)
+            del xs
+            stored = ledger.live("activations")
+            ts = _place(target, mesh, self.layouts["out"], prec.compute, "Target", "activations")
+            out_layout = str(out.layout)
+            with phase("loss"):
+                loss, dout = mse(out, ts, scale=prec.loss_scale)
+            del out, ts
+            hand_over = [dout]  # so the backward pass holds the only reference and frees it
+            del dout
+            with phase("backward"):
+                dx, grads = backward_stack(
+                    scheme, ctx, saved, hand_over.pop(), self.params, residual=self.residual, recompute=self.recompute
+                )
+                del dx
+            model_state = {c: ledger.live(c) for c in MODEL_STATE}
+            with phase("optimizer"):
+                grad_layouts = self._update(grads)
+        peaks = ledger.snapshot()["peak"]
+        layouts = {
+            "x": x_layout,
+            **{k: str(v.layout) for k, v in self.params[0].items()},
+            "out": out_layout,
+            **{f"d{k}": v for k, v in grad_layouts.items()},
+            **{f"opt_{k}": str(Layout.parse(v)) for k, v in self.state_layouts.items()},
+        }
+        return StepResult(
+            scheme=scheme.name,
+            mesh=mesh,
+            step=self.step_count,
+            loss=loss,
+            trace=t,
+            memory=peaks,
+            model_state=model_state,
+            stored_activations=stored,
+            layouts=layouts,
+            axes=dict(self.axes),
+        )
+
+    def _update(self, grads: list[Grads]) -> dict[str, str]:
+        """The optimizer step, block by block; empties ``grads``. Returns the reduced gradients' layouts."""
+        scheme, ctx, prec, opt = self.scheme, self.ctx, self.precision, self.optimizer
+        gather = getattr(scheme, "gather_params", None)
+        layouts: dict[str, str] = {}
+        for i in range(len(grads)):
+            g, grads[i] = grads[i], {}
+            g = reduce_gradients(scheme, ctx, g)  # 1. ZeRO-1: ReduceScatter the whole gradients
+            sliced = {}
+            for k in self.names:
+                gk = g.pop(k)
+                layouts[k] = str(gk.layout)
+                w = self._to_update(i, k)
+                grad = None
+                if not gk.is_shape_only:  # 2. every chip updates the block it holds
+                    grad = gk.compact()
+                    if prec.loss_scale != 1:
+                        grad = grad.astype(w.dtype) * w.dtype.type(1.0 / prec.loss_scale)
+                    moments = {s: m.compact() for s, m in self.moments[i][k].items()}
+                    opt.update(w.compact(), grad, moments, self.step_count)
+                del gk, grad
+                if gather is not None:
+                    sliced[k] = w if not prec.mixed else cast(w, prec.compute, category="params", label=w.label)
+                    self.params[i][k] = None  # type: ignore[assignment]  # the gather below refills it
+                elif prec.mixed and not w.is_shape_only:  # refresh the 16-bit copy of the master
+                    np.copyto(self.params[i][k].compact(), w.compact(), casting="unsafe")
+            if gather is not None:
+                self.params[i] = dict(gather(ctx, sliced))  # 3. AllGather the updated weights
+                del sliced
+        return layouts
+
+    def _to_update(self, i: int, k: str) -> ShardedArray:
+        """The array the optimizer updates in place: the master, the weights, or this chip's slice."""
+        if self.precision.mixed:
+            return self.master[i][k]
+        w = self.params[i][k]
+        want = Layout.parse(self.state_layouts[k], self.mesh.axis_names)
+        if w.layout == want:
+            return w
+        for d, (have, need) in enumerate(zip(w.layout.dims, want.dims)):
+            extra = need.axes[len(have.axes) :]
+            if extra:  # ZeRO-1/2 in float32: the weights are their own master; take my slice
+                w = local_slice(w, extra, d)
+        return _owned(w, w.label, "params")
+
+    # -- reading the state -----------------------------------------------------------------
+    @property
+    def master_dtype(self) -> np.dtype:
+        """The dtype the optimizer updates (float32 master weights in mixed precision)."""
+        return self.precision.state_dtype
+
+    def params_global(self) -> dict[str, np.ndarray]:
+        """The optimizer's weights as global arrays (the float32 masters in mixed precision)."""
+        return self._gather(self.master if self.precision.mixed else self.params)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The weights the chips compute with, as global arrays (16-bit in mixed precision)."""
+        return self._gather(self.params)
+
+    def moments_global(self) -> dict[str, dict[str, np.ndarray]]:
+        """The optimizer's moments as global arrays: ``{"m": {"w_in": ...}, ...}``."""
+        out = {}
+        for slot in self.optimizer.slots:
+            out[slot] = self._gather([{k: m[k][slot] for k in self.names} for m in self.moments])
+        return out
+
+    def _gather(self, layers: list[Params]) -> dict[str, np.ndarray]:
+        glob = {k: [np.array(layer[k].to_global()) for layer in layers] for k in self.names}
+        return {k: v[0] if self.depth is None else np.stack(v) for k, v in glob.items()}
+
+
+def train_step(
+    scheme: str | Scheme,
+    mesh: Mesh,
+    params: Mapping[str, Any],
+    x: Any,
+    target: Any,
+    optimizer: Optimizer | None = None,
+    **kwargs: Any,
+) -> StepResult:
+    """One training step from fresh optimizer state; the result's ``params`` are the updated weights.
+
+    Keyword arguments are :class:`Trainer`'s (``precision``, ``activation``, ``residual``,
+    ``recompute``, ``axes``...).
+
+    >>> import numpy as np, shardsim
+    >>> p = shardsim.mlp.init(8, 16)
+    >>> x = np.ones((4, 8), np.float32)
+    >>> r = train_step("zero1", shardsim.Mesh(X=4), p, x, np.zeros_like(x), SGD(lr=0.1))
+    >>> r.trace.collectives("optimizer")
+    [('reduce_scatter', ('X',)), ('reduce_scatter', ('X',)), ('all_gather', ('X',)), ('all_gather', ('X',))]
+    >>> r.params["w_in"].shape
+    (8, 16)
+    """
+    trainer = Trainer(scheme, mesh, params, optimizer, **kwargs)
+    result = trainer.step(x, target)
+    if result.loss is not None:
+        result.params = trainer.params_global()
+    return result
+
+
+# -- helpers -------------------------------------------------------------------------------
+def _spec(value: Any) -> ShapeDtype:
+    if isinstance(value, ShapeDtype):
+        return value
+    a = np.asarray(value)
+    return ShapeDtype(a.shape, a.dtype)
+
+
+def _zeros_like(value: Any) -> Any:
+    if isinstance(value, ShapeDtype):
+        return value
+    return np.zeros(np.shape(value))
+
+
+def _place(value: Any, mesh: Mesh, layout: str, dtype: np.dtype, label: str, category: str) -> ShardedArray:
+    """``value`` (global array or ShapeDtype) in ``dtype`` and ``layout``, in a buffer of its own."""
+    if isinstance(value, ShapeDtype):
+        return shard(ShapeDtype(value.shape, dtype), mesh, layout, label=label, category=category)
+    return _owned(shard(np.asarray(value).astype(dtype, copy=False), mesh, layout), label, category)
+
+
+def _owned(x: ShardedArray, label: str | None, category: str) -> ShardedArray:
+    """A copy of ``x`` whose blocks the optimizer may update in place."""
+    data = None if x.is_shape_only else np.array(x.compact())
+    return ShardedArray(x.mesh, x.layout, x.global_shape, x.dtype, data, label=label, category=category)
+
+
+def _reductions_in(precision: Precision, ctx: Ctx, scheme: Scheme) -> contextlib.AbstractContextManager[Any]:
+    """Reduce gradients over the data-parallel axes in ``precision.reduce``, if it is not the compute dtype."""
+    if precision.reduce == precision.compute:
+        return contextlib.nullcontext()
+    data_axes = [ctx.axes[r] for r in scheme.roles if r == "data"]
+    if not data_axes:
+        raise ShardingError(
+            f"reduce_dtype {precision.reduce}: {scheme.name} reduces no gradients over a data-parallel axis "
+            "(its weight gradients need no reduction); leave reduce_dtype unset"
+        )
+    return reduce_dtype(precision.reduce, data_axes)

@@ -1,0 +1,28 @@
+"""Shared test set-up: hypothesis profiles, and the tests folder on ``sys.path``.
+
+pytest runs with ``--import-mode=importlib``, which does not put the tests folder on the path,
+so the shared strategies (``strategies_core``) are made importable here.
+
+Profiles: ``ci`` (default) keeps the property tests bounded so the suite stays fast on two
+cores; ``dev`` runs many more examples. Choose with ``HYPOTHESIS_PROFILE=dev pytest ...``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from hypothesis import HealthCheck, settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+settings.register_profile(
+    "ci",
+    max_examples=30,
+    deadline=None,  # first calls pay NumPy/BLAS warm-up; timing is not what these tests check
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile("dev", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
