@@ -321,3 +321,32 @@ def test_readme_excerpt_is_real_output(capsys) -> None:
     assert len(shown) > 20
     missing = [line for line in shown if line not in lines]
     assert not missing, f"README lines not in the output of shardsim demo: {missing}"
+
+
+# -- the cost model's commands -----------------------------------------------------------------
+def test_critical_prints_the_scaling_books_v5p_fsdp_threshold(capsys) -> None:
+    """SB training chapter: FSDP on one v5p ICI axis is compute-bound above C/W = 2,550 tokens/chip."""
+    assert cli.main(["critical", "--scheme", "fsdp", "--hardware", "tpu-v5p", "--chips", "16"]) == 0
+    assert "compute-bound above 2550.0 tokens per chip" in capsys.readouterr().out
+
+
+def test_estimate_prints_the_step_breakdown(capsys) -> None:
+    argv = ["estimate", "--hardware", "tpu-v5p", "--mesh", "X=16,Y=8", "--scheme", "fsdp_tp"]
+    argv += ["--batch", "65536", "--d-model", "8192", "--d-ff", "32768", "--layers", "2"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "fsdp_tp on Mesh(X=16, Y=8) (tpu-v5p), B=65536 tokens (512/chip)" in out
+    assert re.search(r"MFU \d+\.\d%, (compute|communication)-bound", out)
+
+
+def test_sweep_lists_every_scheme_and_batch(capsys) -> None:
+    assert cli.main(["sweep", "--hardware", "h100", "--chips", "8", "--batches", "1024,65536"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [(r[0], r[1]) for r in rows] == [
+        (s, b) for s in ("ddp", "fsdp", "tp", "fsdp_tp") for b in ("1024", "65536")
+    ]
+
+
+def test_estimate_bad_mesh_is_a_clean_error(capsys) -> None:
+    assert cli.main(["estimate", "--mesh", "X=sixteen"]) == 2
+    assert "write axes as NAME=SIZE" in capsys.readouterr().err

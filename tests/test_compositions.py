@@ -28,9 +28,11 @@ def assert_matches(r, name: str, params, x, dout, activation: str, dtype: str, d
 # -- data × pipeline × tensor ---------------------------------------------------------------------
 @st.composite
 def dp_pp_tp_cases(draw):
-    x, y, z = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    name = draw(st.sampled_from(["dp_pp_tp", "dp_pp_tp", "dp_pp"]))
+    x, y, z = draw(st.integers(1, 2)), draw(st.integers(1, 3)) if name == "dp_pp_tp" else 1, draw(st.integers(1, 3))
     m = draw(st.integers(1, 3))
     return (
+        name,
         (x, y, z),
         m,
         x * m * draw(st.integers(1, 2)),  # B
@@ -44,18 +46,18 @@ def dp_pp_tp_cases(draw):
     )
 
 
-@settings(max_examples=25)
+@settings(max_examples=30)
 @given(dp_pp_tp_cases())
-def test_dp_pp_tp_equals_the_single_device_stack(case) -> None:
-    (xs, ys, zs), m, b, d, f, layers, schedule, activation, dtype, seed = case
+def test_data_pipeline_tensor_equals_the_single_device_stack(case) -> None:
+    name, (xs, ys, zs), m, b, d, f, layers, schedule, activation, dtype, seed = case
     rng = np.random.default_rng(seed)
     params = pp.init(d, f, seed=seed, dtype=dtype, layers=layers)
     x = rng.standard_normal((b, d)).astype(dtype)
     dout = rng.standard_normal((b, d)).astype(dtype)
-    mesh = ss.Mesh(X=xs, Y=ys, Z=zs)
-    r = ss.run_strategy("dp_pp_tp", mesh, params, x, dout, activation=activation, schedule=schedule, microbatches=m)
-    assert r.axes == {"data": "X", "model": "Y", "pipe": "Z"}
-    assert_matches(r, "dp_pp_tp", params, x, dout, activation, dtype, depth=layers)
+    mesh = ss.Mesh(X=xs, Y=ys, Z=zs) if name == "dp_pp_tp" else ss.Mesh(X=xs, Z=zs)
+    r = ss.run_strategy(name, mesh, params, x, dout, activation=activation, schedule=schedule, microbatches=m)
+    assert r.axes == ({"data": "X", "model": "Y", "pipe": "Z"} if name == "dp_pp_tp" else {"data": "X", "pipe": "Z"})
+    assert_matches(r, name, params, x, dout, activation, dtype, depth=layers)
 
 
 X, Y, Z, M, B, D, F, L = 2, 2, 3, 4, 16, 8, 8, 6
@@ -103,6 +105,11 @@ def test_3d_data_parallel_allreduce_once_after_the_flush(three_d) -> None:
     last_item = max(i for i, e in enumerate(events) if e.op in ("ppermute", "reduce_scatter", "matmul"))
     assert min(ars) > last_item  # after every microbatch's backward: gradients accumulated first
     assert {events[i].sent_bytes for i in ars} == {2 * (X - 1) * D * (F // Y) * ITEM // X}
+
+
+def test_3d_each_chip_holds_its_share_of_the_weights_and_gradients(three_d) -> None:
+    share = 2 * (L // Z) * D * (F // Y) * ITEM
+    assert (three_d.memory["params"] == share).all() and (three_d.memory["grads"] == share).all()
 
 
 def test_3d_each_chip_does_its_share_of_the_flops(three_d) -> None:

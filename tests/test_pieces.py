@@ -154,3 +154,16 @@ def test_blockwise_runs_on_every_chip_and_checks_the_block_shape() -> None:
     p = ss.from_local(np.ones((2, 1, 1)), mesh, "[A, B]{U_X}")
     with pytest.raises(ss.PartialSumError):
         blockwise(lambda b: b, [p], ("[A, B]", (1, 1), "float64"))
+
+
+def test_stack_with_move_counts_the_bytes_once() -> None:
+    mesh = ss.Mesh(Z=2)
+    x = ss.shard(np.ones(4), mesh, "[D]")
+    values = [place(x, Z=i // 2) for i in range(4)]  # two per stage, 32 bytes each
+    base = mesh.memory.live().copy()
+    mesh.memory.reset_peak()
+    whole = stack(values, "L", "Z", move=True)
+    assert values == [] and whole.layout == ss.Layout.parse("L_Z D")
+    np.testing.assert_array_equal(mesh.memory.live(), base)  # the same bytes, now one value's
+    np.testing.assert_array_equal(mesh.memory.peak(), base)
+    np.testing.assert_array_equal(whole.to_global(), np.ones((4, 4)))

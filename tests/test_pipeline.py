@@ -251,6 +251,16 @@ def test_trace_sends_activations_forward_and_gradients_backward_by_ppermute() ->
     assert set(per_stage.values()) == {12 * m * b * D * F * 2}
 
 
+def test_each_stage_holds_its_layers_weights_and_gradients_once() -> None:
+    p, layers = 3, 6
+    params = pp.init(D, F, seed=0, dtype="float64", layers=layers)
+    x, dout = draw_inputs(np.random.default_rng(4), 8, D, "float64")
+    r = ss.run_strategy("pp", ss.Mesh(Z=p), params, x, dout, microbatches=4)
+    weights = 2 * (layers // p) * D * F * ITEM
+    np.testing.assert_array_equal(r.memory["params"], [weights] * p)
+    np.testing.assert_array_equal(r.memory["grads"], [weights] * p)  # accumulated as if in place
+
+
 def test_pipeline_errors_name_what_does_not_fit() -> None:
     params = pp.init(D, F, layers=4)
     x = np.ones((6, D), np.float32)

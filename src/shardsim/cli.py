@@ -36,6 +36,7 @@ import numpy as np
 
 from . import strategies
 from .array import shard
+from .cost import cli as cost_cli
 from .dtypes import resolve_dtype, tolerance
 from .errors import MeshAxisError, ShardsimError
 from .memory import fmt_bytes
@@ -532,3 +533,12 @@ def schemes(args: argparse.Namespace) -> int:
         rows.extend(("", "", more) for more in lines[1:])
     print(_table(rows))
     return 0
+
+
+# -- the cost model's commands (shardsim.cost.cli holds their options and logic) ---------------
+for _name, _help, _configure, _run in (
+    ("estimate", "time one training step of a scheme on real hardware", "add_estimate_arguments", "cli_estimate"),
+    ("sweep", "step time and MFU against batch for every scheme", "add_sweep_arguments", "cli_sweep"),
+    ("critical", "the per-chip batch above which a scheme is compute-bound", "add_critical_arguments", "cli_critical"),
+):
+    subcommand(_name, _help, configure=getattr(cost_cli, _configure))(getattr(cost_cli, _run))

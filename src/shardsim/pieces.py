@@ -164,13 +164,20 @@ def take(x: ShardedArray, dim: str | int, index: int, *, label: str | None = Non
 
 
 def stack(
-    values: Sequence[ShardedArray], name: str, axes: str | Sequence[str] = (), *, label: str | None = None
+    values: list[ShardedArray],
+    name: str,
+    axes: str | Sequence[str] = (),
+    *,
+    label: str | None = None,
+    move: bool = False,
 ) -> ShardedArray:
     """Stack ``values`` along a new leading dimension ``name`` split over mesh ``axes``.
 
     The inverse of :func:`take`: value ``i`` must be held by the chips that own index ``i``
     of the new dimension. Stacking the per-layer gradients each pipeline stage computed gives
-    ``dW_in[L_Z, D, F]``.
+    ``dW_in[L_Z, D, F]``. With ``move`` the values go into the result (the list is emptied):
+    once nothing else refers to them, the ledger counts their bytes once, as the result's, as
+    when a stage's layers already share one buffer.
 
     >>> import numpy as np, shardsim
     >>> mesh = shardsim.Mesh(Z=2)
@@ -181,10 +188,21 @@ def stack(
     """
     if not values:
         raise ShapeError("stack needs at least one value")
-    first = values[0]
     mesh = check_same_mesh(*values)
+    built = _stacked(values, name, normalize_axes(axes) if axes else ())
+    origins: Sequence[ShardedArray] = values
+    if move:
+        values.clear()  # the caller's references go; the values die before the result is counted
+        origins = ()
+    return ShardedArray(
+        mesh, *built[:4], label=label or built[4], category=built[5], holders=built[6], derived_from=origins
+    )
+
+
+def _stacked(values: Sequence[ShardedArray], name: str, along: tuple[str, ...]) -> tuple[Any, ...]:
+    """(layout, shape, dtype, data, label, category, holders) of :func:`stack`'s result."""
+    first, mesh = values[0], values[0].mesh
     has_data = check_same_kind(*values)
-    along = normalize_axes(axes) if axes else ()
     for v in values[1:]:
         if v.layout != first.layout or v.global_shape != first.global_shape or v.dtype != first.dtype:
             raise ShapeError(f"stack: {v.describe()} {v.dtype} does not match {first.describe()} {first.dtype}")
@@ -197,41 +215,30 @@ def stack(
     sizes = [mesh.axis_size(a) for a in along]
     per_owner = len(values) // math.prod(sizes)
     held = np.ones(mesh.shape, bool)
-    for owner in range(math.prod(sizes)):
+    for i, v in enumerate(values):
+        owner = i // per_owner
         coords = dict(zip(along, map(int, np.unravel_index(owner, sizes)))) if along else {}
         chips = _on_mask(mesh, coords)
-        for v in values[owner * per_owner : (owner + 1) * per_owner]:
-            mine = np.ones(mesh.shape, bool) if v.holders is None else v.holders
-            if along and not mine[chips].all():
-                raise ShardingError(
-                    f"stack over {list(along)}: index {values.index(v)} belongs on "
-                    f"{' '.join(mesh.chip_name(c) for c in _chips(mesh, chips))} but {v.describe()} "
-                    f"is held on {held_text(v)}"
-                )
-            held &= ~chips | mine
+        mine = np.ones(mesh.shape, bool) if v.holders is None else v.holders
+        if along and not mine[chips].all():
+            raise ShardingError(
+                f"stack over {list(along)}: index {i} belongs on "
+                f"{' '.join(mesh.chip_name(c) for c in _chips(mesh, chips))} but {v.describe()} "
+                f"is held on {held_text(v)}"
+            )
+        held &= ~chips | mine
     data = None
     if has_data:
         nm = len(mesh.shape)
-        arr = np.stack([v.compact() for v in values], axis=nm)  # (mesh..., len, *block)
         lead = np.broadcast_shapes(*(v.compact().shape[:nm] for v in values))
-        arr = np.broadcast_to(arr, lead + arr.shape[nm:])
-        if along:
+        arr = np.stack([np.broadcast_to(v.compact(), lead + v.local_shape) for v in values], axis=nm)
+        if along:  # (mesh..., len, *block) → the new dimension's owners along their mesh axes
             pos = [mesh.axis_index(a) for a in along]
             arr = arr.reshape(arr.shape[:nm] + tuple(sizes) + (per_owner,) + arr.shape[nm + 1 :])
             arr = np.squeeze(arr, axis=tuple(pos))  # those mesh dims were 1: the values did not vary there
             arr = np.moveaxis(arr, list(range(nm - len(pos), nm)), pos)  # (mesh..., per_owner, *block)
         data = arr
-    return ShardedArray(
-        mesh,
-        layout,
-        shape,
-        first.dtype,
-        data,
-        label=label or first.label,
-        category=first.category,
-        holders=held,
-        derived_from=values,
-    )
+    return layout, shape, first.dtype, data, first.label, first.category, held
 
 
 def place(x: ShardedArray, *, label: str | None = None, **coords: int) -> ShardedArray:

@@ -90,7 +90,7 @@ class PipelineStep:
             raise ShardingError(f"{layers} layers per chunk do not divide over {p} stages")
         self.per_stage = layers // p  # layers of one virtual stage
         self.mesh = x.mesh
-        self.microbatches = split(x, self.dim_b(x), m, label="In")
+        self.microbatches = split(x, self._batch_dim(x), m, label="In")
         self.douts: list[ShardedArray] = []
         self.todo = sorted(schedule.items)
         self.sent: dict[tuple[str, int, int], ShardedArray] = {}  # (kind, virtual stage, mb) → message
@@ -105,7 +105,8 @@ class PipelineStep:
         self.grads: dict[str, ShardedArray] = {}
 
     @staticmethod
-    def dim_b(x: ShardedArray) -> str:
+    def _batch_dim(x: ShardedArray) -> str:
+        """The batch dimension: the first of ``In[B, D]`` (``[B_X, D_Y]`` with data and tensor axes)."""
         return x.layout.dims[0].name
 
     @property
@@ -118,7 +119,7 @@ class PipelineStep:
         if self.done:
             return True
         if dout is not None and not self.douts:
-            self.douts = split(dout, self.dim_b(dout), self.schedule.microbatches, label="dOut")
+            self.douts = split(dout, self._batch_dim(dout), self.schedule.microbatches, label="dOut")
         while self.todo:
             it = self.todo[0]
             if it.kind == "B" and not self.douts:
@@ -164,9 +165,12 @@ class PipelineStep:
             kept = self.stash.pop((k, j))
             for i in reversed(range(self.per_stage)):  # 2. the layers, last first
                 g, grads = self.block_backward(self.ctx, kept.pop(), g, self._weights(k, i))
-                for name, dw in grads.items():
+                for name, dw in grads.items():  # summed over the microbatches
                     key = (k, i, name)
-                    self.acc[key] = (dw if key not in self.acc else add(self.acc[key], dw)).as_category("grads")
+                    # the sum replaces the running total (which dies first), as an in-place += would;
+                    # a partial sum over the data axis is a working value until its AllReduce
+                    total = dw if key not in self.acc else add(self.acc.pop(key), dw, label=dw.label)
+                    self.acc[key] = total if total.is_partial else total.as_category("grads")
             if k > 0:  # 3. send back to the previous stage
                 self.sent[("B", k - 1, j)] = ppermute(g.named(f"Grad{j}"), self.pipe, -1)
             else:
@@ -189,24 +193,26 @@ class PipelineStep:
             self.dx = concat([self.dxs.pop(j) for j in range(m)], 0, label="dIn")
             p, v = self.schedule.stages, self.schedule.chunks
             for name, w in self.params.items():
+                label = "d" + (w.label or name)
                 per_chunk = []
                 for c in range(v):
-                    layers = []
-                    for layer in range(p * self.per_stage):
-                        k = c * p + layer // self.per_stage
-                        g = self.acc.pop((k, layer % self.per_stage, name))
-                        if self.data is not None and self.data in g.layout.partial:
-                            g = all_reduce(g, self.data)  # data parallelism: once, after the flush
-                        layers.append(g)
+                    layers = [
+                        self._reduced(c * p + layer // self.per_stage, layer % self.per_stage, name)
+                        for layer in range(p * self.per_stage)
+                    ]
                     dim = w.layout.dims[1 if self.chunked else 0]
-                    per_chunk.append(stack(layers, dim.name, dim.axes, label="d" + (w.label or name)))
-                    del layers
-                g = (
-                    stack(per_chunk, w.layout.dims[0].name, label="d" + (w.label or name))
-                    if self.chunked
-                    else per_chunk[0]
+                    per_chunk.append(stack(layers, dim.name, dim.axes, label=label, move=True))  # [L_Z, ...]
+                grads = (
+                    stack(per_chunk, w.layout.dims[0].name, label=label, move=True) if self.chunked else per_chunk.pop()
                 )
-                self.grads[name] = g.as_category("grads")
+                self.grads[name] = grads.as_category("grads")
+
+    def _reduced(self, k: int, i: int, name: str) -> ShardedArray:
+        """Layer ``i`` of virtual stage ``k``'s gradient, AllReduced over the data axis if partial there."""
+        g = self.acc.pop((k, i, name))
+        if self.data is not None and self.data in g.layout.partial:
+            g = all_reduce(g, self.data)  # data parallelism: once, after the flush
+        return g.as_category("grads")
 
     # -- measurements -------------------------------------------------------------------------
     def measured_bubble(self) -> float:

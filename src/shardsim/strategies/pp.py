@@ -29,7 +29,7 @@ backward items ran, so the forward call hands back a value that the backward cal
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -139,7 +139,12 @@ def default_microbatches(per_chip: int, stages: int, multiple: bool) -> int:
     return max(whole or fits)
 
 
-def _forward_with(block_fwd: Any, block_bwd: Any) -> Any:
+Forward = Callable[[Ctx, ShardedArray, Params], tuple[Any, Saved]]
+
+
+def pipelined(block_fwd: Callable[..., Any], block_bwd: Callable[..., Any]) -> Forward:
+    """A scheme's forward that runs the schedule with this layer block, up to its first backward."""
+
     def forward(ctx: Ctx, x: ShardedArray, params: Params) -> tuple[Any, Saved]:
         step = PipelineStep(ctx, x, params, schedule_for(ctx, x, params), block_fwd, block_bwd)
         step.run()  # every item before the first backward
@@ -150,6 +155,7 @@ def _forward_with(block_fwd: Any, block_bwd: Any) -> Any:
 
 
 def backward(ctx: Ctx, saved: Saved, dout: ShardedArray, params: Params) -> tuple[ShardedArray, Grads]:
+    """The rest of the schedule, now that ``dOut`` is here: ``dIn`` and ``dW[L_Z, ...]``."""
     step = saved.step  # type: ignore[attr-defined]
     step.run(dout)  # the rest of the schedule
     assert step.dx is not None
@@ -211,23 +217,23 @@ def _scheme(name: str, roles: tuple[str, ...], lay: Any, fwd: Any, summary: str,
     )
 
 
-local = _forward_with(block_forward, block_backward)
+forward = pipelined(block_forward, block_backward)  # each layer local to its stage
 SCHEMES = (
-    _scheme("pp", ("pipe",), layouts, local, "split layers into stages over Z; microbatches; ppermute between stages"),
+    _scheme("pp", ("pipe",), layouts, forward, "layers in stages over Z, microbatches, ppermute between stages"),
     _scheme(
         "pp_interleaved",
         ("pipe",),
         interleaved_layouts,
-        local,
+        forward,
         "v model chunks per stage (interleaved 1F1B): the bubble shrinks by v, more ppermutes",
         init=init_chunked,
     ),
-    _scheme("dp_pp", ("data", "pipe"), dp_layouts, local, "data parallel over X x pipeline over Z"),
+    _scheme("dp_pp", ("data", "pipe"), dp_layouts, forward, "data parallel over X x pipeline over Z"),
     _scheme(
         "dp_pp_tp",
         ("data", "model", "pipe"),
         dp_tp_layouts,
-        _forward_with(tp.forward, tp.backward),
+        pipelined(tp.forward, tp.backward),
         "3-D: data over X, tensor parallel layers over Y, pipeline stages over Z",
     ),
 )
