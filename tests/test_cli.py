@@ -350,3 +350,10 @@ def test_sweep_lists_every_scheme_and_batch(capsys) -> None:
 def test_estimate_bad_mesh_is_a_clean_error(capsys) -> None:
     assert cli.main(["estimate", "--mesh", "X=sixteen"]) == 2
     assert "write axes as NAME=SIZE" in capsys.readouterr().err
+
+
+def test_train_runs_every_stage_and_matches_one_device(capsys) -> None:
+    assert cli.main(["train", "--steps", "2", "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name in ("ddp", "zero1", "zero2", "zero3", "tp", "fsdp_tp"):
+        assert any(line.startswith(name) and line.rstrip().endswith("PASS") for line in lines), name

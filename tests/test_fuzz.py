@@ -762,3 +762,17 @@ def test_matmul_with_zero_size_dimensions(la: str, lb: str, k: int) -> None:
     a, b = np.ones((8 if "M_X" in la else 0, k)), np.ones((k, 8))
     out = shardsim.shard(a, mesh, la) @ shardsim.shard(b, mesh, lb)
     same_bits(np.asarray(out.to_global()), a @ b)
+
+
+def test_layout_parse_with_an_empty_axis_name_terminates() -> None:
+    """An empty name among the axes once made the subscript splitter loop forever."""
+    assert str(Layout.parse("A_X", ["", "X"])) == "[A_X]"
+    with pytest.raises(shardsim.LayoutParseError, match="'Q' is not a mesh axis"):
+        Layout.parse("A_Q", [""])
+
+
+@pytest.mark.parametrize("name", ["nonsense", "{'': None}", "i4,f8", "U5", "object", "datetime64[s]"])
+def test_dtype_names_that_are_not_numeric_dtypes(name: str) -> None:
+    x = shardsim.shard(np.ones(2), shardsim.Mesh(X=2), "A_X")
+    with pytest.raises(shardsim.ShardingError, match=r"unknown dtype|is not numeric"):
+        shardsim.cast(x, name)

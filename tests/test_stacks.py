@@ -56,7 +56,7 @@ def stack_inputs(b: int, d: int, f: int, layers: int, dtype: str, seed: int):
     return params, rng.standard_normal((b, d)).astype(dtype), rng.standard_normal((b, d)).astype(dtype)
 
 
-@settings(max_examples=40)
+@settings(max_examples=60)
 @given(stack_cases())
 def test_every_scheme_runs_a_stack_like_the_reference(case) -> None:
     b, d, f = case["shape"]

@@ -6,11 +6,12 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import shardsim as ss
 from shardsim import mlp
+from shardsim.dtypes import tolerance
 from shardsim.training import SGD, Adam, AdamW, Trainer, train_step
 from training_reference import Bound, Opt, gradient_rel_error, train, weight_ulp
 
@@ -77,7 +78,7 @@ def data(b: int, d: int, f: int, layers: int, dtype: str, seed: int):
     return params, x, y
 
 
-@settings(max_examples=40)
+@settings(max_examples=100)
 @given(training_cases())
 def test_k_steps_equal_k_single_device_steps(case) -> None:
     b, d, f = case["shape"]
@@ -85,6 +86,7 @@ def test_k_steps_equal_k_single_device_steps(case) -> None:
     kw = dict(activation=case["activation"], residual=case["residual"])
     bound = Bound(rel=gradient_rel_error(case["dtype"], b, d, f, case["layers"]), ulp=weight_ulp(case["dtype"]))
     want, losses = train(params, x, y, case["opt"], case["steps"], bound=bound, **kw)
+    assume(bound.stable())  # a diverging run amplifies any rounding difference
 
     trainer = Trainer(case["name"], ss.Mesh(case["sizes"]), params, shardsim_optimizer(case["opt"]), **kw)
     got_losses = [trainer.step(x, y).loss for _ in range(case["steps"])]
@@ -95,8 +97,9 @@ def test_k_steps_equal_k_single_device_steps(case) -> None:
         limit = 2 * bound.err[k]  # 2x: the gradients of later steps also see the earlier drift
         worst = np.unravel_index(np.argmax(err - limit), err.shape)
         assert (err <= limit).all(), f"{k}{worst}: |error| {err[worst]:.3g} > {limit[worst]:.3g}"
-    loss_tol = 2 * bound.rel
-    np.testing.assert_allclose(got_losses, losses, rtol=loss_tol, atol=0)
+    # the first loss sees only this step's rounding; later ones are held through the weights
+    sum_rel = tolerance(case["dtype"], b * d)  # the loss sums B·D squares
+    assert abs(got_losses[0] - losses[0]) <= 2 * bound.first_loss_error(losses[0], sum_rel)
 
 
 # -- what a step reports ---------------------------------------------------------------------
@@ -210,3 +213,20 @@ def test_unknown_names() -> None:
         Trainer("zero4", ss.Mesh(X=2), params)
     with pytest.raises(ss.ShardingError, match=r"same L"):
         Trainer("ddp", ss.Mesh(X=2), {"w_in": params["w_in"], "w_out": params["w_out"][:1]})
+
+
+def test_train_command_prints_losses_and_memory(capsys) -> None:
+    import argparse
+
+    from shardsim.training.cli import add_train_arguments, train_command
+
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    assert train_command(parser.parse_args(["--steps", "2", "--precision", "bf16", "--recompute"])) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["zero1"], ["zero2"], ["zero3"])]
+    losses = {tuple(r[2:4]) for r in rows if r[1].startswith("(")}  # loss table rows: scheme, mesh, steps
+    assert len(losses) == 1  # the same printed losses under every stage
+    assert "model state" in out and out.count("PASS") == 6
+    with pytest.raises(ss.ShardingError, match="unknown scheme 'zero9'"):
+        train_command(parser.parse_args(["--scheme", "zero9"]))

@@ -43,14 +43,27 @@ class Bound:
     scaled by ``lr`` (momentum sums the past ones); Adam divides it by ``sqrt(v_hat) + eps``
     (its sensitivity ``|d u / d g| <= (1 + |u|) / (sqrt(v_hat) + eps)`` for ``u = m_hat /
     (sqrt(v_hat) + eps)``, since ``m_hat`` and ``sqrt(v_hat)`` are weighted averages that move
-    by at most the gradient error). Every update rounds ``w - step`` (and the decay) once each:
-    ``ulp * (|w| + |step|)``.
+    by at most the gradient error). Each update rounds the weights twice at most (weight decay,
+    then the step; either side may do it in another order): ``2 ulp (|w| + |step|)``.
     """
 
     rel: float
     ulp: float
     err: dict[str, np.ndarray] = field(default_factory=dict)
     grad_err: dict[str, list[float]] = field(default_factory=dict)
+    out_scale: list[float] = field(default_factory=list)  # max |Out| before each step
+
+    def stable(self) -> bool:
+        """True if no gradient grew tenfold: the bound leaves out how earlier drift feeds later
+        gradients, which a diverging run amplifies step after step."""
+        return all(max(e) <= 10 * e[0] for e in self.grad_err.values())
+
+    def first_loss_error(self, loss: float, sum_rel: float) -> float:
+        """Bound on the first step's loss error: Out carries ``e = rel * max|Out|`` per element,
+        and ``|mean((d + e)²) - mean(d²)| <= 2 e sqrt(mean(d²)) + e²``; summing the squares
+        in the run's dtype adds ``sum_rel * loss``."""
+        e = self.rel * self.out_scale[0]
+        return 2 * e * loss**0.5 + e * e + sum_rel * loss
 
 
 def train(
@@ -72,17 +85,20 @@ def train(
     if bound is not None:
         bound.err = {k: np.zeros_like(v) for k, v in w.items()}
         bound.grad_err = {k: [] for k in w}
+        bound.out_scale = []
     for t in range(1, steps + 1):
         out = mlp.stack_forward(w, x, activation, residual)
         loss, dout = mse_grad(out, target)
         losses.append(loss)
+        if bound is not None:
+            bound.out_scale.append(float(np.abs(out).max()))
         grads = mlp.stack_backward(w, x, dout, activation, residual)
         for k in w:
             g = grads[k]
             new, sens = _step(opt, w[k], g, state[k], t)
             if bound is not None:
                 bound.grad_err[k].append(bound.rel * float(np.abs(g).max()))
-                rounding = bound.ulp * (np.abs(w[k]) + np.abs(new - w[k]))  # w - step, rounded once or twice
+                rounding = 2 * bound.ulp * (np.abs(w[k]) + np.abs(new - w[k]))  # the decay and the step
                 bound.err[k] = bound.err[k] + _drift(opt, sens, bound.grad_err[k]) + rounding
             w[k] = new
     return w, losses

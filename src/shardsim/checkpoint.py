@@ -360,6 +360,9 @@ def _read_array(root: Path, name: str, meta: Any, mesh: Mesh, wanted: Any) -> _R
     try:
         axes = tuple(str(a) for a in meta["mesh"]["axes"])
         sizes = tuple(int(n) for n in meta["mesh"]["shape"])
+        saved_mesh = Mesh(dict(zip(axes, sizes)))
+        if (saved_mesh.axis_names, saved_mesh.shape) != (axes, sizes):
+            raise ValueError(f"mesh axes {list(axes)} and shape {list(sizes)} do not pair up")
         saved = Layout.parse(meta["layout"], axes).validate(axes)
         global_shape = tuple(int(n) for n in meta["global_shape"])
         dtype_name = str(meta["dtype"])
@@ -368,7 +371,6 @@ def _read_array(root: Path, name: str, meta: Any, mesh: Mesh, wanted: Any) -> _R
         blocks = list(meta["blocks"])
         label = meta.get("label") or name.rsplit("/", 1)[-1]
         category = str(meta.get("category") or "activations")
-        saved_mesh = Mesh(dict(zip(axes, sizes)))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{where}: its entry in {INDEX} is malformed ({type(e).__name__}: {e})") from None
     try:

@@ -45,6 +45,7 @@ from .show import _table, chip_lines
 from .strategies import StrategyResult
 from .strategies.base import ROLE_DEFAULTS
 from .trace import Event
+from .training import cli as train_cli
 
 #: The schemes ``shardsim demo`` runs when none is named: the seed's four, in its order.
 SEED_SCHEMES = ("ddp", "fsdp", "tp", "fsdp_tp")
@@ -535,7 +536,12 @@ def schemes(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- the cost model's commands (shardsim.cost.cli holds their options and logic) ---------------
+# -- commands whose options and logic live with their package ---------------------------------
+subcommand(
+    "train",
+    "train a small regression problem under every scheme and ZeRO stage",
+    configure=train_cli.add_train_arguments,
+)(train_cli.train_command)
 for _name, _help, _configure, _run in (
     ("estimate", "time one training step of a scheme on real hardware", "add_estimate_arguments", "cli_estimate"),
     ("sweep", "step time and MFU against batch for every scheme", "add_sweep_arguments", "cli_sweep"),

@@ -25,9 +25,12 @@ def resolve_dtype(dtype: Any) -> np.dtype:
             raise ShardingError("bfloat16 needs the optional package ml_dtypes: pip install 'shardsim[bf16]'") from None
         return np.dtype(ml_dtypes.bfloat16)
     try:
-        return np.dtype(dtype)
-    except TypeError as e:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError) as e:  # "nonsense" is a TypeError, "{'a': 1}" a ValueError
         raise ShardingError(f"unknown dtype {dtype!r}; use one of {list(FLOAT_NAMES)}") from e
+    if dt.kind not in "biufc" and dt.name != "bfloat16":
+        raise ShardingError(f"dtype {dt} is not numeric; use one of {list(FLOAT_NAMES)} or an integer or bool dtype")
+    return dt
 
 
 def eps(dtype: Any) -> float:

@@ -213,7 +213,7 @@ class _Parser:
 
     def _split_known(self, sub: str, pos: int) -> tuple[str, ...]:
         assert self.axis_names is not None
-        names = sorted(self.axis_names, key=len, reverse=True)
+        names = sorted((n for n in self.axis_names if n), key=len, reverse=True)  # "" would never advance
         out: list[str] = []
         i = 0
         while i < len(sub):

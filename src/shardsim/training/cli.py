@@ -74,6 +74,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 def train_command(args: argparse.Namespace) -> int:
     """Run ``shardsim train`` with parsed ``args``; 0 if every scheme matched single-device training."""
     names = args.scheme or list(DEFAULT_SCHEMES)
+    if args.reduce_dtype and not args.scheme:  # tp reduces no gradients: leave it out
+        names = [n for n in names if "data" in strategies.get(n).roles]
     for name in names:
         strategies.get(name)  # unknown names fail before any work
     precision = Precision.of(args.precision, reduce=args.reduce_dtype)
