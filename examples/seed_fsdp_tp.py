@@ -14,7 +14,7 @@ import numpy as np
 
 import shardsim as ss
 from shardsim import mlp
-from shardsim.show import chip_lines
+from shardsim.pictures import chip_lines
 
 
 def picture(step: str, value: ss.ShardedArray) -> None:

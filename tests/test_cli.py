@@ -342,9 +342,7 @@ def test_estimate_prints_the_step_breakdown(capsys) -> None:
 def test_sweep_lists_every_scheme_and_batch(capsys) -> None:
     assert cli.main(["sweep", "--hardware", "h100", "--chips", "8", "--batches", "1024,65536"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
-    assert [(r[0], r[1]) for r in rows] == [
-        (s, b) for s in ("ddp", "fsdp", "tp", "fsdp_tp") for b in ("1024", "65536")
-    ]
+    assert [(r[0], r[1]) for r in rows] == [(s, b) for s in ("ddp", "fsdp", "tp", "fsdp_tp") for b in ("1024", "65536")]
 
 
 def test_estimate_bad_mesh_is_a_clean_error(capsys) -> None:

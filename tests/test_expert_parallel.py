@@ -13,7 +13,7 @@ from shardsim.array import shard
 from shardsim.dtypes import tolerance
 from shardsim.strategies import ep
 from shardsim.strategies.base import Ctx
-from shardsim.trace import phase
+from shardsim.tracing import phase
 
 
 def numeric_grad(f, value: np.ndarray, eps: float = 1e-6) -> np.ndarray:

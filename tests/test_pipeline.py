@@ -14,7 +14,7 @@ from shardsim.dtypes import tolerance
 from shardsim.pipeline import gpipe, interleaved, make, one_f_one_b
 from shardsim.strategies import pp
 from shardsim.strategies.base import Ctx
-from shardsim.trace import phase, trace
+from shardsim.tracing import phase, trace
 
 
 def assert_close(got: np.ndarray, want: np.ndarray, dtype: str, contraction: int, depth: int, what: str) -> None:

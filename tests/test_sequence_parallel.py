@@ -12,7 +12,7 @@ from shardsim import norm, strategies
 from shardsim.array import shard
 from shardsim.dtypes import tolerance
 from shardsim.strategies.base import Ctx
-from shardsim.trace import phase
+from shardsim.tracing import phase
 
 
 def numeric_grad(f, value: np.ndarray, eps: float = 1e-6) -> np.ndarray:

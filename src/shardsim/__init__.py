@@ -32,10 +32,10 @@ from .errors import (
 from .layout import Layout
 from .mesh import Mesh
 from .ops import activation, activation_grad, cast, matmul
+from .pictures import show
 from .reshard import reshard
-from .show import show
 from .strategies import run_strategy
-from .trace import Trace, phase, trace
+from .tracing import Trace, phase, trace
 from .training import Trainer, train_step
 
 __version__ = "0.1.0"

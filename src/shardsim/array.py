@@ -188,7 +188,7 @@ class ShardedArray:
         )
 
     def _repr_html_(self) -> str:
-        from .show import array_html
+        from .pictures import array_html
 
         return array_html(self)
 

@@ -41,10 +41,10 @@ from .dtypes import resolve_dtype, tolerance
 from .errors import MeshAxisError, ShardsimError
 from .memory import fmt_bytes
 from .mesh import Mesh
-from .show import _table, chip_lines
+from .pictures import _table, chip_lines
 from .strategies import StrategyResult
 from .strategies.base import ROLE_DEFAULTS
-from .trace import Event
+from .tracing import Event
 from .training import cli as train_cli
 
 #: The schemes ``shardsim demo`` runs when none is named: the seed's four, in its order.

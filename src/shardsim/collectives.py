@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _blocks, trace
+from . import _blocks, tracing
 from .array import ShardedArray, _LazyMatmul, held_text, local_shape_of
 from .dtypes import resolve_dtype
 from .errors import ChipFailureError, CollectiveError, ShardingError
@@ -64,7 +64,7 @@ def all_gather(x: ShardedArray, axis: Axes, *, label: str | None = None) -> Shar
     out = _new(x, layout, data, label)
     n = x.mesh.axis_size(axes)
     moved = (n - 1) * x.local_nbytes
-    trace.record("all_gather", axes, [x], out, sent_bytes=moved, received_bytes=moved, **_sizes(out, n))
+    tracing.record("all_gather", axes, [x], out, sent_bytes=moved, received_bytes=moved, **_sizes(out, n))
     return out
 
 
@@ -88,7 +88,7 @@ def reduce_scatter(x: ShardedArray, axis: Axes, dim: str | int, *, label: str | 
     out = _new(x, layout, data, label)
     n = x.mesh.axis_size(axes)
     moved = (n - 1) * out.local_nbytes
-    trace.record("reduce_scatter", axes, [x], out, sent_bytes=moved, received_bytes=moved, **_sizes(x, n))
+    tracing.record("reduce_scatter", axes, [x], out, sent_bytes=moved, received_bytes=moved, **_sizes(x, n))
     return out
 
 
@@ -107,7 +107,7 @@ def all_reduce(x: ShardedArray, axis: Axes, *, label: str | None = None) -> Shar
     out = _new(x, layout, data, label, lazy=lazy)
     n = x.mesh.axis_size(axes)
     moved = 2 * (n - 1) * x.local_nbytes // n
-    trace.record("all_reduce", axes, [x], out, sent_bytes=moved, received_bytes=moved, **_sizes(x, n))
+    tracing.record("all_reduce", axes, [x], out, sent_bytes=moved, received_bytes=moved, **_sizes(x, n))
     return out
 
 
@@ -146,7 +146,9 @@ def all_to_all(
     moved = (n - 1) * x.local_nbytes // n
     # V of the book's AllToAll formula is the whole array over the group, not one chip's block
     volume = n * x.local_nbytes
-    trace.record("all_to_all", axes, [x], out, sent_bytes=moved, received_bytes=moved, group_size=n, array_bytes=volume)
+    tracing.record(
+        "all_to_all", axes, [x], out, sent_bytes=moved, received_bytes=moved, group_size=n, array_bytes=volume
+    )
     return out
 
 
@@ -176,7 +178,7 @@ def ppermute(
     out = _new(x, x.layout, data, label, holders=holders)
     moves = any(s != d for d, s in enumerate(src_of))
     moved = x.local_nbytes if moves else 0
-    trace.record("ppermute", axes, [x], out, sent_bytes=moved, received_bytes=moved, **_sizes(x, n))
+    tracing.record("ppermute", axes, [x], out, sent_bytes=moved, received_bytes=moved, **_sizes(x, n))
     return out
 
 
@@ -389,8 +391,8 @@ def _check_alive(x: ShardedArray, op: str, axes: tuple[str, ...]) -> None:
     who = f"chip {names[0]} has" if len(names) == 1 else f"chips {', '.join(names)} have"
     first = dict(zip(mesh.axis_names, failed[0]))
     group = next(g for g in mesh.groups(axes) if first in g)
-    active = trace._active.get()
-    step = f"{trace.current_phase()} phase" + (f", trace event {len(active[-1].events)}" if active else "")
+    active = tracing._active.get()
+    step = f"{tracing.current_phase()} phase" + (f", trace event {len(active[-1].events)}" if active else "")
     raise ChipFailureError(
         f"{op} over {_fmt(axes)} of {x.describe()} cannot run: {who} failed (step: {step}). "
         f"The group of {names[0]} over {_fmt(axes)}: {' '.join(mesh.chip_name(c) for c in group)}. "

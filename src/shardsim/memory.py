@@ -174,12 +174,12 @@ class MemoryLedger:
         }
 
     def __str__(self) -> str:
-        from .show import memory_table
+        from .pictures import memory_table
 
         return memory_table(self)
 
     def _repr_html_(self) -> str:
-        from .show import memory_html
+        from .pictures import memory_html
 
         return memory_html(self)
 

@@ -193,7 +193,7 @@ class Mesh:
         return "Mesh(" + ", ".join(f"{a}={s}" for a, s in self._axes.items()) + ")"
 
     def _repr_html_(self) -> str:
-        from .show import mesh_html
+        from .pictures import mesh_html
 
         return mesh_html(self)
 

@@ -74,9 +74,7 @@ def layer(params: Params, i: int) -> Params:
     return {k: v[i] for k, v in params.items()}
 
 
-def stack_forward(
-    params: Params, x: np.ndarray, activation: str = "identity", residual: bool = False
-) -> np.ndarray:
+def stack_forward(params: Params, x: np.ndarray, activation: str = "identity", residual: bool = False) -> np.ndarray:
     """``x`` through every block in order; with ``residual``, each block adds its input."""
     for i in range(params["w_in"].shape[0]):
         y = forward(layer(params, i), x, activation)

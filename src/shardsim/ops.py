@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _blocks, activations, trace
+from . import _blocks, activations, tracing
 from .array import ShardedArray, _LazyMatmul, check_same_kind, check_same_mesh, held_where
 from .dtypes import resolve_dtype
 from .errors import DtypeError, PartialSumError, ShapeError, ShardingError
@@ -66,7 +66,7 @@ def matmul(
     m, k = a.local_shape[-2:]
     n = b.local_shape[-1]
     batch = math.prod(a.local_shape[:-2])
-    trace.record(
+    tracing.record(
         "matmul",
         (),
         [a, b],

@@ -49,7 +49,7 @@ from .array import ShardedArray, _parse, local_shape_of, shard
 from .errors import ChipFailureError, PartialSumError, ShapeError, ShardingError
 from .layout import Dim, Layout
 from .mesh import Mesh
-from .trace import record
+from .tracing import record
 
 __all__ = ["Step", "host_global", "plan_reshard", "reshard"]
 

@@ -30,7 +30,7 @@ import numpy as np
 from ..array import ShapeDtype
 from ..errors import ShardsimError
 from ..mesh import Mesh
-from ..trace import Event, Trace
+from ..tracing import Event, Trace
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@
 
 >>> from shardsim.cost.schedule import Slot, schedule
 >>> from shardsim.cost.program import Step
->>> from shardsim.trace import Event
+>>> from shardsim.tracing import Event
 >>> ag = Step(Event(0, "all_gather", ("X",), "W", (), "", "forward"), 0, (1,), 2)
 >>> mm = Step(Event(1, "matmul", (), "x @ W", (), "", "forward"), 0, (3, 2), 4)
 >>> slots = [Slot("comm X", ("comm X",), 1.0), Slot("compute", ("compute",), 2.0)]

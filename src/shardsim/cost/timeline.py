@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..mesh import Mesh
-from ..trace import COLLECTIVES, Event, Trace
+from ..tracing import COLLECTIVES, Event, Trace
 from .collectives import collective_time
 from .hardware import Hardware
 from .placement import AxisLink, Placement, place

@@ -35,7 +35,7 @@ from ..collectives import all_reduce, ppermute
 from ..errors import ShardingError
 from ..ops import add
 from ..pieces import concat, place, split, stack, take
-from ..trace import phase, trace
+from ..tracing import phase, trace
 from .schedule import Item, Schedule
 
 Block = Callable[..., Any]

@@ -24,7 +24,7 @@ from ..errors import MeshAxisError, ShardingError
 from ..layout import Layout
 from ..mesh import Mesh
 from ..ops import add
-from ..trace import Trace, phase, trace
+from ..tracing import Trace, phase, trace
 from .base import ROLE_DEFAULTS, Ctx, Grads, Params, Saved, Scheme
 
 

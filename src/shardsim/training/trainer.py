@@ -52,7 +52,7 @@ from ..strategies.run import (
     stack_depth,
     weight_label,
 )
-from ..trace import Trace, phase, trace
+from ..tracing import Trace, phase, trace
 from .loss import mse
 from .optim import SGD, Adam, Optimizer  # noqa: F401 - SGD for the examples
 from .precision import Precision

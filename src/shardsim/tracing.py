@@ -120,12 +120,12 @@ class Trace:
         return iter(self.events)
 
     def __str__(self) -> str:
-        from .show import trace_table
+        from .pictures import trace_table
 
         return trace_table(self)
 
     def _repr_html_(self) -> str:
-        from .show import trace_html
+        from .pictures import trace_html
 
         return trace_html(self)
 

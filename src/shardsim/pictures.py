@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .array import ShardedArray
     from .memory import MemoryLedger
     from .mesh import Mesh
-    from .trace import Trace
+    from .tracing import Trace
 
 
 def block_slices(x: ShardedArray, coords: Mapping[str, int]) -> list[tuple[str, int, int]]:
