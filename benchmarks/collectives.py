@@ -20,12 +20,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import platform
-import statistics
-import subprocess
 import sys
-import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +33,7 @@ try:
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     import shardsim as ss
+from _timing import cpu, medians
 
 Thunk = Callable[[], object]
 MESHES: dict[str, dict[str, int]] = {"8": {"X": 8}, "1024": {"X": 1024}, "32x32": {"X": 32, "Y": 32}}
@@ -44,33 +41,7 @@ MESHES: dict[str, dict[str, int]] = {"8": {"X": 8}, "1024": {"X": 1024}, "32x32"
 
 def machine() -> str:
     """CPU model and core count (lscpu), Python and NumPy versions, and today's date."""
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        model = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        model = platform.processor() or "unknown CPU"
-    return (
-        f"{model}, {os.cpu_count()} cores; Python {platform.python_version()}, NumPy {np.__version__}; "
-        f"{datetime.date.today().isoformat()}"
-    )
-
-
-def medians(fns: list[Thunk], repeats: int) -> list[float]:
-    """Median wall time of each of ``fns``, run in turn ``repeats`` times after two warm-ups.
-
-    Interleaving the runs spreads any background load over all of them alike, so their
-    ratios stay fair on a busy machine.
-    """
-    for fn in fns:
-        fn()
-        fn()
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, ts in zip(fns, times):
-            start = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - start)
-    return [statistics.median(ts) for ts in times]
+    return f"{cpu()}; Python {platform.python_version()}, NumPy {np.__version__}; {datetime.date.today().isoformat()}"
 
 
 def axes_of(mesh: ss.Mesh) -> str | tuple[str, ...]:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +26,7 @@ except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import numpy as np
+from _timing import cpu, medians
 
 from shardsim import Mesh
 from shardsim.cost import estimate, sweep
@@ -39,24 +38,12 @@ MESHES = {"ddp": Mesh(X=1024), "fsdp": Mesh(X=1024), "tp": Mesh(Y=1024), "fsdp_t
 
 def machine() -> str:
     """CPU model and cores, Python and NumPy versions."""
-    import os
-
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        model = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        model = platform.processor() or "unknown CPU"
-    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, NumPy {np.__version__}"
+    return f"{cpu()}, Python {platform.python_version()}, NumPy {np.__version__}"
 
 
 def timed(fn: Callable[[], object], repeats: int) -> float:
     """Median seconds of ``repeats`` calls."""
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return medians([fn], repeats, warmups=0)[0]
 
 
 def met(ok: bool) -> str:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
-import time
 from collections.abc import Callable
 
 import numpy as np
+from _timing import medians
 
 import shardsim as ss
 from shardsim import mlp, strategies
@@ -78,19 +77,11 @@ def main() -> None:
     for name in MESHES:
         contenders[f"{name} (bare)"] = bare(name, params, x, dout)
         contenders[f"{name} (run_strategy)"] = traced(name, params, x, dout)
-    times: dict[str, list[float]] = {k: [] for k in contenders}
-    for fn in contenders.values():  # warm up
-        fn()
-    for _ in range(args.repeats):
-        for key, fn in contenders.items():
-            t0 = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - t0)
-    base = statistics.median(times["single-device"])
+    times = dict(zip(contenders, medians(list(contenders.values()), args.repeats, warmups=1)))
+    base = times["single-device"]
     print(f"{platform.processor() or platform.machine()}, numpy {np.__version__}, {args.repeats} rounds")
     print(f"{'contender':<28}{'median ms':>10}{'ratio':>8}")
-    for key, ts in times.items():
-        med = statistics.median(ts)
+    for key, med in times.items():
         print(f"{key:<28}{med * 1e3:>10.1f}{med / base:>8.2f}")
 
 

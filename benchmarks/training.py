@@ -18,12 +18,10 @@ import cProfile
 import datetime
 import platform
 import pstats
-import statistics
-import subprocess
-import time
 from collections.abc import Callable
 
 import numpy as np
+from _timing import cpu, medians
 
 import shardsim as ss
 from shardsim import mlp
@@ -98,14 +96,7 @@ def contenders(params: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> d
 
 
 def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-        model = f"{fields['Model name'].strip()}, {fields['CPU(s)'].strip()} cores"
-    except (OSError, subprocess.CalledProcessError, KeyError):
-        pass
-    return f"{model}, Python {platform.python_version()}, NumPy {np.__version__}, {datetime.date.today()}"
+    return f"{cpu()}, Python {platform.python_version()}, NumPy {np.__version__}, {datetime.date.today()}"
 
 
 def main() -> None:
@@ -125,18 +116,12 @@ def main() -> None:
         prof.runcall(runs[args.profile])
         pstats.Stats(prof).sort_stats("tottime").print_stats(15)
         return
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(args.repeats):
-        for key, fn in runs.items():
-            t0 = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - t0)
-    base = statistics.median(times["single-device"])
+    times = dict(zip(runs, medians(list(runs.values()), args.repeats, warmups=0)))  # warmed up above
+    base = times["single-device"]
     print(f"{machine()}, {args.repeats} rounds")
     print(f"| contender | mesh | median (ms) | ratio | target <= {TARGET}x |")
     print("|---|---|---:|---:|---|")
-    for key, ts in times.items():
-        med = statistics.median(ts)
+    for key, med in times.items():
         mesh = "1 device" if key == "single-device" else repr(ss.Mesh(MESHES[key]))
         verdict = ("met" if med / base <= TARGET else "MISSED") if key in STAGES else "-"
         print(f"| {key} | {mesh} | {med * 1e3:.0f} | {med / base:.2f} | {verdict} |")

@@ -148,6 +148,37 @@ def legal_matmuls(draw: st.DrawFn, batch: bool = False, rhs_batched: bool = True
     return MatmulCase(mesh, a, b, la, lb, tuple(roles["K"]))
 
 
+# -- the MLP schemes on their meshes ------------------------------------------------------------
+MLP_SCHEMES = {  # the mesh axes of each MLP scheme's roles: data on X, model on Y
+    "ddp": ("X",),
+    "zero1": ("X",),
+    "zero2": ("X",),
+    "zero3": ("X",),
+    "fsdp": ("X",),
+    "tp": ("Y",),
+    "fsdp_tp": ("X", "Y"),
+}
+
+
+@st.composite
+def scheme_meshes(
+    draw: st.DrawFn, max_size: int = 8, max_pair: int = 4
+) -> tuple[str, dict[str, int], tuple[int, int, int]]:
+    """An MLP scheme, its mesh sizes (1..max_size chips on its one axis, or X and Y of 1..max_pair
+    each) and a shape ``(B, D, F)`` that divides over them: B by X, D and F by every axis."""
+    name = draw(st.sampled_from(list(MLP_SCHEMES)))
+    roles = MLP_SCHEMES[name]
+    if len(roles) == 1:
+        sizes = {roles[0]: draw(st.integers(1, max_size))}
+    else:
+        sizes = {"X": draw(st.integers(1, max_pair)), "Y": draw(st.integers(1, max_pair))}
+    lcm = math.lcm(*sizes.values())
+    b = sizes.get("X", 1) * draw(st.integers(1, 3))
+    d = lcm * draw(st.integers(1, 3))
+    f = lcm * draw(st.integers(1, 3))
+    return name, sizes, (b, d, f)
+
+
 # -- plain-NumPy references -----------------------------------------------------------------------
 def chip_index(mesh: shardsim.Mesh, coords: dict[str, int], axes: Sequence[str]) -> int:
     """Block number of a dimension split over ``axes`` on chip ``coords`` (first axis major)."""

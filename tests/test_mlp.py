@@ -5,21 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from finite_differences import numeric_grad
 from shardsim import mlp
-
-
-def numeric_grad(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """Central differences of the scalar ``f`` at ``x`` (float64)."""
-    g = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        old = x[i]
-        x[i] = old + eps
-        up = f()
-        x[i] = old - eps
-        down = f()
-        x[i] = old
-        g[i] = (up - down) / (2 * eps)
-    return g
 
 
 @pytest.mark.parametrize("activation", ["identity", "relu", "gelu"])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,9 +10,7 @@ from hypothesis import strategies as st
 import shardsim as ss
 from shardsim import mlp
 from shardsim.dtypes import tolerance
-
-ROLE_AXES = {"ddp": ("X",), "fsdp": ("X",), "tp": ("Y",), "fsdp_tp": ("X", "Y")}
-ROLE_AXES.update({"zero1": ("X",), "zero2": ("X",), "zero3": ("X",)})  # ZeRO stages: data parallel over X
+from strategies_core import MLP_SCHEMES, scheme_meshes
 
 
 def inputs(b: int, d: int, f: int, dtype: str, seed: int = 0):
@@ -40,19 +36,10 @@ def assert_matches_reference(result, params, x, dout, activation: str, dtype: st
 
 @st.composite
 def scheme_cases(draw):
-    name = draw(st.sampled_from(list(ROLE_AXES)))
-    roles = ROLE_AXES[name]
-    if len(roles) == 1:
-        sizes = {roles[0]: draw(st.integers(1, 8))}
-    else:
-        sizes = {"X": draw(st.integers(1, 4)), "Y": draw(st.integers(1, 4))}
-    mesh_lcm = math.lcm(*sizes.values())
-    b = sizes.get("X", 1) * draw(st.integers(1, 3))
-    d = mesh_lcm * draw(st.integers(1, 3))
-    f = mesh_lcm * draw(st.integers(1, 3))
+    name, sizes, shape = draw(scheme_meshes())
     activation = draw(st.sampled_from(["identity", "relu", "gelu"]))
     dtype = draw(st.sampled_from(["float32", "float64"]))
-    return name, sizes, (b, d, f), activation, dtype, draw(st.integers(0, 2**16))
+    return name, sizes, shape, activation, dtype, draw(st.integers(0, 2**16))
 
 
 @settings(max_examples=60)
@@ -121,7 +108,7 @@ SEQUENCES = {
 
 @pytest.mark.parametrize("name", list(SEQUENCES))
 def test_exact_collective_sequence(name: str) -> None:
-    mesh = ss.Mesh(X=2, Y=2) if name == "fsdp_tp" else ss.Mesh(**{ROLE_AXES[name][0]: 2})
+    mesh = ss.Mesh(X=2, Y=2) if name == "fsdp_tp" else ss.Mesh(**{MLP_SCHEMES[name][0]: 2})
     params, x, dout = inputs(4, 8, 8, "float32")
     t = ss.run_strategy(name, mesh, params, x, dout).trace
     forward, backward = SEQUENCES[name]

@@ -8,25 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardsim as ss
+from finite_differences import numeric_grad
 from shardsim import norm, strategies
 from shardsim.array import shard
 from shardsim.dtypes import tolerance
 from shardsim.strategies.base import Ctx
 from shardsim.tracing import phase
-
-
-def numeric_grad(f, value: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """Central differences of the scalar ``f()`` with respect to every entry of ``value``."""
-    g = np.zeros_like(value)
-    for i in np.ndindex(value.shape):
-        old = value[i]
-        value[i] = old + eps
-        up = f()
-        value[i] = old - eps
-        down = f()
-        value[i] = old
-        g[i] = (up - down) / (2 * eps)
-    return g
 
 
 # -- the hand-written reference against finite differences ---------------------------------------

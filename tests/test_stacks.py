@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,32 +10,12 @@ from hypothesis import strategies as st
 import shardsim as ss
 from shardsim import mlp
 from shardsim.dtypes import tolerance
-
-SCHEMES = {
-    "ddp": ("X",),
-    "zero1": ("X",),
-    "zero2": ("X",),
-    "zero3": ("X",),
-    "fsdp": ("X",),
-    "tp": ("Y",),
-    "fsdp_tp": ("X", "Y"),
-}
+from strategies_core import scheme_meshes
 
 
 @st.composite
 def stack_cases(draw):
-    name = draw(st.sampled_from(list(SCHEMES)))
-    roles = SCHEMES[name]
-    if len(roles) == 1:
-        sizes = {roles[0]: draw(st.integers(1, 8))}
-    else:
-        sizes = {"X": draw(st.integers(1, 4)), "Y": draw(st.integers(1, 4))}
-    lcm = math.lcm(*sizes.values())
-    shape = (
-        sizes.get("X", 1) * draw(st.integers(1, 3)),
-        lcm * draw(st.integers(1, 3)),
-        lcm * draw(st.integers(1, 3)),
-    )
+    name, sizes, shape = draw(scheme_meshes())
     return dict(
         name=name,
         sizes=sizes,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -13,17 +11,8 @@ import shardsim as ss
 from shardsim import mlp
 from shardsim.dtypes import tolerance
 from shardsim.training import SGD, Adam, AdamW, Trainer, train_step
+from strategies_core import MLP_SCHEMES, scheme_meshes
 from training_reference import Bound, Opt, gradient_rel_error, train, weight_ulp
-
-SCHEMES = {
-    "ddp": ("X",),
-    "zero1": ("X",),
-    "zero2": ("X",),
-    "zero3": ("X",),
-    "fsdp": ("X",),
-    "tp": ("Y",),
-    "fsdp_tp": ("X", "Y"),
-}
 
 
 def shardsim_optimizer(opt: Opt) -> SGD | Adam:
@@ -38,16 +27,7 @@ def shardsim_optimizer(opt: Opt) -> SGD | Adam:
 
 @st.composite
 def training_cases(draw):
-    name = draw(st.sampled_from(list(SCHEMES)))
-    roles = SCHEMES[name]
-    if len(roles) == 1:
-        sizes = {roles[0]: draw(st.integers(1, 4))}
-    else:
-        sizes = {"X": draw(st.integers(1, 2)), "Y": draw(st.integers(1, 2))}
-    lcm = math.lcm(*sizes.values())
-    b = sizes.get("X", 1) * draw(st.integers(1, 3))
-    d = lcm * draw(st.integers(1, 3))
-    f = lcm * draw(st.integers(1, 3))
+    name, sizes, shape = draw(scheme_meshes(max_size=4, max_pair=2))
     layers = draw(st.integers(1, 3))
     kind = draw(st.sampled_from(["sgd", "momentum", "adam", "adamw"]))
     dtype = draw(st.sampled_from(["float32", "float64"]))
@@ -59,7 +39,7 @@ def training_cases(draw):
     return dict(
         name=name,
         sizes=sizes,
-        shape=(b, d, f),
+        shape=shape,
         layers=layers,
         opt=opt,
         dtype=dtype,
@@ -113,7 +93,7 @@ def small(dtype: str = "float32", layers: int = L):
 def test_the_loss_per_step_is_the_same_under_every_scheme() -> None:
     params, x, y = small("float64")
     _, want = train(params, x, y, Opt("adam", lr=1e-2), 3, activation="gelu")
-    for name, roles in SCHEMES.items():
+    for name, roles in MLP_SCHEMES.items():
         mesh = ss.Mesh(X=2, Y=2) if len(roles) == 2 else ss.Mesh({roles[0]: 4})
         t = Trainer(name, mesh, params, Adam(lr=1e-2), activation="gelu")
         got = [t.step(x, y).loss for _ in range(3)]

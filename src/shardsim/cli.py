@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from . import strategies
+from ._options import key_values, mesh_sizes, positive_int
 from .array import shard
 from .cost import cli as cost_cli
 from .dtypes import resolve_dtype, tolerance
@@ -125,53 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # -- option types -----------------------------------------------------------------------------
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1.
-
-    >>> positive_int("4")
-    4
-    """
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {n}")
-    return n
-
-
-def key_values(text: str) -> dict[str, str]:
-    """``"X=2,Y=4"`` → ``{"X": "2", "Y": "4"}`` (an argparse type for ``--mesh`` and ``--axes``).
-
-    >>> key_values("data=X, model=Y")
-    {'data': 'X', 'model': 'Y'}
-    """
-    out: dict[str, str] = {}
-    for item in text.split(","):
-        key, sep, value = (s.strip() for s in item.partition("="))
-        if not sep or not key or not value:
-            raise argparse.ArgumentTypeError(f"expected NAME=VALUE pairs separated by commas, got {text!r}")
-        if key in out:
-            raise argparse.ArgumentTypeError(f"{key!r} given twice in {text!r}")
-        out[key] = value
-    return out
-
-
-def mesh_sizes(text: str) -> dict[str, int]:
-    """``"X=2,Y=4"`` → ``{"X": 2, "Y": 4}``: the ``--mesh`` option.
-
-    >>> mesh_sizes("X=2,Y=4")
-    {'X': 2, 'Y': 4}
-    """
-    out = {}
-    for axis, size in key_values(text).items():
-        try:
-            out[axis] = int(size)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"mesh axis {axis!r} needs a whole-number size, got {size!r}") from None
-    return out
+# positive_int, key_values and mesh_sizes come from shardsim._options, shared with train and the cost commands.
 
 
 def option_value(text: str) -> int | float | str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from .._options import pairs
 from ..errors import ShardsimError
 from ..mesh import Mesh
 from .critical import critical_batch, scheme_mesh
@@ -137,11 +138,10 @@ def parse_mesh(text: str) -> Mesh:
     Mesh(X=64, Y=4)
     """
     axes = {}
-    for part in text.split(","):
-        name, _, size = part.strip().partition("=")
-        if not size.strip().isdigit():
+    for name, _, size in pairs(text):
+        if not size.isdigit():
             raise ShardsimError(f"mesh {text!r}: write axes as NAME=SIZE separated by commas, e.g. X=64,Y=4")
-        axes[name.strip()] = int(size)
+        axes[name] = int(size)
     return Mesh(axes)
 
 

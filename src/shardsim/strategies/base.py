@@ -95,20 +95,27 @@ class Scheme:
             object.__setattr__(self, "reference", mlp_reference)
 
 
-def check_mlp_shapes(params: Mapping[str, Any], x: Any, dout: Any) -> None:
-    def shape(v: Any) -> tuple[int, ...]:
-        return v.shape if isinstance(v, ShapeDtype) else np.shape(v)
+def shape_of(v: Any) -> tuple[int, ...]:
+    """The global shape of an array or a :class:`~shardsim.ShapeDtype` (what ``check_shapes`` reads)."""
+    return tuple(v.shape) if isinstance(v, ShapeDtype) else np.shape(v)
 
-    b, d = (shape(x) + (None, None))[:2] if len(shape(x)) == 2 else (None, None)
+
+def check_dout(dout: Any, dims: str, want: tuple[int, ...]) -> None:
+    """Raise unless ``dout`` has the output's shape ``want`` (``dims`` names it, e.g. ``[B, D]``)."""
+    if shape_of(dout) != want:
+        raise ShardingError(f"dout must have the output's shape {dims} = {want}, got {shape_of(dout)}")
+
+
+def check_mlp_shapes(params: Mapping[str, Any], x: Any, dout: Any) -> None:
+    b, d = (shape_of(x) + (None, None))[:2] if len(shape_of(x)) == 2 else (None, None)
     if b is None:
-        raise ShardingError(f"x must be [B, D] (2-D), got shape {shape(x)}")
-    w_in, w_out = shape(params["w_in"]), shape(params["w_out"])
+        raise ShardingError(f"x must be [B, D] (2-D), got shape {shape_of(x)}")
+    w_in, w_out = shape_of(params["w_in"]), shape_of(params["w_out"])
     if len(w_in) != 2 or w_in[0] != d:
-        raise ShardingError(f"W_in must be [D, F] with D = {d} (x is [B, D] = {shape(x)}), got shape {w_in}")
+        raise ShardingError(f"W_in must be [D, F] with D = {d} (x is [B, D] = {shape_of(x)}), got shape {w_in}")
     if w_out != (w_in[1], d):
         raise ShardingError(f"W_out must be [F, D] = {(w_in[1], d)} to match W_in {w_in}, got shape {w_out}")
-    if shape(dout) != (b, d):
-        raise ShardingError(f"dout must have the output's shape [B, D] = {(b, d)}, got {shape(dout)}")
+    check_dout(dout, "[B, D]", (b, d))
 
 
 def mlp_reference(

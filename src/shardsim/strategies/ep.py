@@ -48,12 +48,12 @@ from typing import Any
 import numpy as np
 
 from .. import moe
-from ..array import ShapeDtype, ShardedArray
+from ..array import ShardedArray
 from ..collectives import all_reduce, all_to_all
 from ..errors import ShardingError
 from ..ops import sum_dim
 from ..pieces import blockwise
-from .base import Ctx, Grads, Params, Saved, Scheme
+from .base import Ctx, Grads, Params, Saved, Scheme, check_dout, shape_of
 
 
 def layouts(ctx: Ctx) -> dict[str, str]:
@@ -256,23 +256,19 @@ def reference(
 
 
 def check_shapes(params: Mapping[str, Any], x: Any, dout: Any) -> None:
-    def shape(v: Any) -> tuple[int, ...]:
-        return tuple(v.shape) if isinstance(v, ShapeDtype) else np.shape(v)
-
-    if len(shape(x)) != 2:
-        raise ShardingError(f"x must be tokens [T, D], got shape {shape(x)}")
-    t, d = shape(x)
-    r = shape(params["router"])
+    if len(shape_of(x)) != 2:
+        raise ShardingError(f"x must be tokens [T, D], got shape {shape_of(x)}")
+    t, d = shape_of(x)
+    r = shape_of(params["router"])
     if len(r) != 2 or r[0] != d:
         raise ShardingError(f"router must be [D, E] with D = {d}, got {r}")
     e = r[1]
-    w_in = shape(params["w_in"])
+    w_in = shape_of(params["w_in"])
     if len(w_in) != 3 or w_in[:2] != (e, d):
         raise ShardingError(f"w_in must be [E, D, F] = [{e}, {d}, F], got {w_in}")
-    if shape(params["w_out"]) != (e, w_in[2], d):
-        raise ShardingError(f"w_out must be [E, F, D] = {(e, w_in[2], d)}, got {shape(params['w_out'])}")
-    if shape(dout) != (t, d):
-        raise ShardingError(f"dout must have the output's shape [T, D] = {(t, d)}, got {shape(dout)}")
+    if shape_of(params["w_out"]) != (e, w_in[2], d):
+        raise ShardingError(f"w_out must be [E, F, D] = {(e, w_in[2], d)}, got {shape_of(params['w_out'])}")
+    check_dout(dout, "[T, D]", (t, d))
 
 
 SCHEMES = (

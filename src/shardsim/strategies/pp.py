@@ -35,12 +35,12 @@ from typing import Any
 import numpy as np
 
 from .. import mlp
-from ..array import ShapeDtype, ShardedArray
+from ..array import ShardedArray
 from ..errors import ShardingError
 from ..pipeline.execute import PipelineStep
 from ..pipeline.schedule import Schedule, make
 from . import tp
-from .base import Ctx, Grads, Params, Saved, Scheme
+from .base import Ctx, Grads, Params, Saved, Scheme, check_dout, shape_of
 
 
 # -- one layer on one stage -------------------------------------------------------------------
@@ -188,19 +188,15 @@ def reference(
 
 
 def check_shapes(params: Mapping[str, Any], x: Any, dout: Any) -> None:
-    def shape(v: Any) -> tuple[int, ...]:
-        return tuple(v.shape) if isinstance(v, ShapeDtype) else np.shape(v)
-
-    if len(shape(x)) != 2:
-        raise ShardingError(f"x must be [B, D], got shape {shape(x)}")
-    b, d = shape(x)
-    w_in, w_out = shape(params["w_in"]), shape(params["w_out"])
+    if len(shape_of(x)) != 2:
+        raise ShardingError(f"x must be [B, D], got shape {shape_of(x)}")
+    b, d = shape_of(x)
+    w_in, w_out = shape_of(params["w_in"]), shape_of(params["w_out"])
     if len(w_in) not in (3, 4) or w_in[-2] != d:
         raise ShardingError(f"W_in must be [L, D, F] (or [C, L, D, F]) with D = {d}, got shape {w_in}")
     if w_out != w_in[:-2] + (w_in[-1], d):
         raise ShardingError(f"W_out must be {w_in[:-2] + (w_in[-1], d)} to match W_in {w_in}, got {w_out}")
-    if shape(dout) != (b, d):
-        raise ShardingError(f"dout must have the output's shape [B, D] = {(b, d)}, got {shape(dout)}")
+    check_dout(dout, "[B, D]", (b, d))
 
 
 def _scheme(name: str, roles: tuple[str, ...], lay: Any, fwd: Any, summary: str, **kw: Any) -> Scheme:

@@ -25,7 +25,7 @@ from ..layout import Layout
 from ..mesh import Mesh
 from ..ops import add
 from ..tracing import Trace, phase, trace
-from .base import ROLE_DEFAULTS, Ctx, Grads, Params, Saved, Scheme
+from .base import ROLE_DEFAULTS, Ctx, Grads, Params, Saved, Scheme, shape_of
 
 
 @dataclass
@@ -166,16 +166,16 @@ def stack_depth(params: Mapping[str, Any], block_ranks: Mapping[str, int] | None
     weights of other ranks (a LayerNorm's ``[D]``, experts ``[E, D, F]``, pipeline stages
     ``[L, D, F]``) runs its params as they are, and stacks of them have one dimension more.
     """
-    ranks = {k: len(_shape(v)) - (block_ranks or {}).get(k, 2) + 2 for k, v in params.items()}  # as if 2-D
+    ranks = {k: len(shape_of(v)) - (block_ranks or {}).get(k, 2) + 2 for k, v in params.items()}  # as if 2-D
     if all(r == 2 for r in ranks.values()):
         return None
     if all(r == 3 for r in ranks.values()):
-        depths = {_shape(v)[0] for v in params.values()}
+        depths = {shape_of(v)[0] for v in params.values()}
         if len(depths) == 1:
             depth = depths.pop()
             if depth >= 1:
                 return depth
-    shapes = {k: _shape(v) for k, v in params.items()}
+    shapes = {k: shape_of(v) for k, v in params.items()}
     raise ShardingError(
         f"params must all be one block's weights (W_in [D, F], W_out [F, D]) or all stacks of L blocks "
         f"(W_in [L, D, F], W_out [L, F, D]) with the same L >= 1; got shapes {shapes}"
@@ -273,10 +273,6 @@ def reduce_gradients(scheme: Scheme, ctx: Ctx, grads: Grads) -> Grads:
     for v in out.values():
         v.as_category("grads")
     return out
-
-
-def _shape(v: Any) -> tuple[int, ...]:
-    return tuple(v.shape) if isinstance(v, ShapeDtype) else np.shape(v)
 
 
 def _shard(scheme: Scheme, value: Any, mesh: Mesh, layout: str, label: str, category: str) -> ShardedArray:

@@ -42,11 +42,11 @@ from typing import Any
 import numpy as np
 
 from .. import norm
-from ..array import ShapeDtype, ShardedArray
+from ..array import ShardedArray
 from ..collectives import all_gather, all_reduce, reduce_scatter
 from ..errors import ShardingError
 from ..ops import map_blocks, sum_dim
-from .base import Ctx, Grads, Params, Saved, Scheme
+from .base import Ctx, Grads, Params, Saved, Scheme, check_dout, shape_of
 
 
 # -- LayerNorm on whatever tokens a chip holds (D is never split) ------------------------------
@@ -163,19 +163,15 @@ def reference(
 
 
 def check_shapes(params: Mapping[str, Any], x: Any, dout: Any) -> None:
-    def shape(v: Any) -> tuple[int, ...]:
-        return tuple(v.shape) if isinstance(v, ShapeDtype) else np.shape(v)
-
-    if len(shape(x)) != 2:
-        raise ShardingError(f"x must be tokens [S, D], got shape {shape(x)}")
-    s, d = shape(x)
-    f = shape(params["w_in"])[-1] if len(shape(params["w_in"])) == 2 else None
+    if len(shape_of(x)) != 2:
+        raise ShardingError(f"x must be tokens [S, D], got shape {shape_of(x)}")
+    s, d = shape_of(x)
+    f = shape_of(params["w_in"])[-1] if len(shape_of(params["w_in"])) == 2 else None
     want = {"gamma": (d,), "beta": (d,), "w_in": (d, f), "w_out": (f, d)}
     for k, w in want.items():
-        if shape(params[k]) != w:
-            raise ShardingError(f"{k} must have shape {w} for x of shape {(s, d)}, got {shape(params[k])}")
-    if shape(dout) != (s, d):
-        raise ShardingError(f"dout must have the output's shape [S, D] = {(s, d)}, got {shape(dout)}")
+        if shape_of(params[k]) != w:
+            raise ShardingError(f"{k} must have shape {w} for x of shape {(s, d)}, got {shape_of(params[k])}")
+    check_dout(dout, "[S, D]", (s, d))
 
 
 SCHEMES = (

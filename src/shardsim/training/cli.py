@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from .. import formulas, mlp, strategies
+from .._options import positive_int
 from ..dtypes import eps, tolerance
 from ..mesh import Mesh
 from . import optim
@@ -46,12 +47,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"scheme to train under (repeatable; default: {' '.join(DEFAULT_SCHEMES)})",
     )
-    parser.add_argument("--chips", type=_positive, default=4, help="chips per mesh (default 4)")
-    parser.add_argument("--layers", type=_positive, default=2, help="MLP blocks in the stack (default 2)")
-    parser.add_argument("--batch", type=_positive, default=8, help="batch size B (default 8)")
-    parser.add_argument("--d-model", type=_positive, default=16, help="model width D (default 16)")
-    parser.add_argument("--d-ff", type=_positive, default=32, help="hidden width F (default 32)")
-    parser.add_argument("--steps", type=_positive, default=4, help="training steps (default 4)")
+    parser.add_argument("--chips", type=positive_int, default=4, help="chips per mesh (default 4)")
+    parser.add_argument("--layers", type=positive_int, default=2, help="MLP blocks in the stack (default 2)")
+    parser.add_argument("--batch", type=positive_int, default=8, help="batch size B (default 8)")
+    parser.add_argument("--d-model", type=positive_int, default=16, help="model width D (default 16)")
+    parser.add_argument("--d-ff", type=positive_int, default=32, help="hidden width F (default 32)")
+    parser.add_argument("--steps", type=positive_int, default=4, help="training steps (default 4)")
     parser.add_argument(
         "--optimizer", choices=["sgd", "momentum", "adam", "adamw"], default="adam", help="(default adam)"
     )
@@ -246,16 +247,6 @@ def _table(rows: Sequence[tuple[str, ...]]) -> str:
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {n}")
-    return n
 
 
 def main(argv: Sequence[str] | None = None) -> int:
