@@ -9,11 +9,10 @@ ratios from one run. Run by hand: ``python benchmarks/schemes.py [--repeats N]``
 from __future__ import annotations
 
 import argparse
-import platform
 from collections.abc import Callable
 
 import numpy as np
-from _timing import medians
+from _timing import cpu, medians
 
 import shardsim as ss
 from shardsim import mlp, strategies
@@ -38,25 +37,33 @@ def single_device(params: dict[str, np.ndarray], x: np.ndarray, dout: np.ndarray
     dh @ w_in.T
 
 
-def bare(name: str, params: dict[str, np.ndarray], x: np.ndarray, dout: np.ndarray) -> Callable[[], None]:
-    """The scheme's own steps with no trace active (the ledger always runs)."""
+def bare(
+    name: str, params: dict[str, np.ndarray], x: np.ndarray, dout: np.ndarray, *, record: bool = False
+) -> Callable[[], None]:
+    """The scheme's own steps; with ``record``, inside a trace (the ledger always runs)."""
     scheme = strategies.get(name)
     mesh = ss.Mesh(MESHES[name])
     ctx = Ctx(axes=dict(zip(scheme.roles, mesh.axis_names)), activation="relu")
     lay = scheme.layouts(ctx)
 
-    def step() -> None:
+    def steps() -> None:
         xs = ss.shard(x, mesh, lay["x"])
         ps = {k: ss.shard(params[k], mesh, lay[k], category="params") for k in ("w_in", "w_out")}
         out, saved = scheme.forward(ctx, xs, ps)
         dx, grads = scheme.backward(ctx, saved, ss.shard(dout, mesh, lay["out"]), ps)
         out.compact(), dx.compact(), [g.compact() for g in grads.values()]
 
+    def step() -> None:
+        if not record:
+            return steps()
+        with ss.trace():
+            return steps()
+
     return step
 
 
-def traced(name: str, params: dict[str, np.ndarray], x: np.ndarray, dout: np.ndarray) -> Callable[[], None]:
-    """The full entry point: trace, ledger, results gathered to global arrays."""
+def entry_point(name: str, params: dict[str, np.ndarray], x: np.ndarray, dout: np.ndarray) -> Callable[[], None]:
+    """``run_strategy``: trace, ledger, and results copied out to global NumPy arrays."""
     scheme = strategies.get(name)
 
     def step() -> None:
@@ -76,10 +83,11 @@ def main() -> None:
     contenders: dict[str, Callable[[], None]] = {"single-device": lambda: single_device(params, x, dout)}
     for name in MESHES:
         contenders[f"{name} (bare)"] = bare(name, params, x, dout)
-        contenders[f"{name} (run_strategy)"] = traced(name, params, x, dout)
+        contenders[f"{name} (traced)"] = bare(name, params, x, dout, record=True)
+        contenders[f"{name} (run_strategy)"] = entry_point(name, params, x, dout)
     times = dict(zip(contenders, medians(list(contenders.values()), args.repeats, warmups=1)))
     base = times["single-device"]
-    print(f"{platform.processor() or platform.machine()}, numpy {np.__version__}, {args.repeats} rounds")
+    print(f"{cpu()}, numpy {np.__version__}, {args.repeats} rounds")
     print(f"{'contender':<28}{'median ms':>10}{'ratio':>8}")
     for key, med in times.items():
         print(f"{key:<28}{med * 1e3:>10.1f}{med / base:>8.2f}")

@@ -84,13 +84,6 @@ def sum_mesh(c: np.ndarray, positions: Sequence[int]) -> np.ndarray:
     return c
 
 
-# Stacking the chips' columns side by side copies the replicated-over-rows operand; below
-# this many blocks one BLAS call per chip is as fast and copies nothing (measured: at 512
-# blocks the stacked matmul is 2x faster, at 8 it is no faster). Stacking rows needs no copy
-# when a chip's rows are contiguous, and one large call is never slower, so rows always stack.
-FOLD_MIN_COLUMN_BLOCKS = 16
-
-
 def matmul(lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """:func:`_matmul` in the operands' dtype: NumPy multiplies bfloat16 (ml_dtypes) into float32.
 
@@ -103,23 +96,28 @@ def matmul(lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
 
 
 def _matmul(lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-    """Every chip's ``lhs @ rhs`` at once; one large matmul when one side is the same on all chips.
+    """Every chip's ``lhs @ rhs`` at once, as one large matmul whenever the blocks allow it.
 
-    When ``rhs`` is replicated over every leading dim, the chips' row blocks are stacked into
-    one ``(rows, K)`` operand (and likewise columns when ``lhs`` is replicated): one BLAS call
-    instead of one per chip, the same result per row.
+    When no leading (chip) dimension varies on both sides, chip ``(a, b)`` multiplies lhs
+    block ``a`` by rhs block ``b``: that is one matmul of all lhs row blocks stacked, times
+    all rhs column blocks side by side (``[B_X, D] @ [D, F_Y]`` is the global product). One
+    BLAS call instead of one per chip, the same numbers per block; the blocks of the result
+    are views into it. Otherwise NumPy's batched matmul pairs the blocks chip by chip.
     """
-    blocks_l, blocks_r = math.prod(lhs.shape[:-2]), math.prod(rhs.shape[:-2])
-    if blocks_r == 1 and blocks_l > 1 and lhs.ndim >= rhs.ndim:
-        out = lhs.reshape(blocks_l * lhs.shape[-2], lhs.shape[-1]) @ rhs.reshape(rhs.shape[-2:])  # no -1: K may be 0
-        return out.reshape(lhs.shape[:-1] + (rhs.shape[-1],))
-    if blocks_l == 1 and blocks_r >= FOLD_MIN_COLUMN_BLOCKS and rhs.ndim >= lhs.ndim:
-        k, n = rhs.shape[-2:]
-        cols = np.moveaxis(rhs.reshape(blocks_r, k, n), 0, 1).reshape(k, blocks_r * n)  # (K, chips*N)
-        m = lhs.shape[-2]
-        out = (lhs.reshape(lhs.shape[-2:]) @ cols).reshape(m, blocks_r, n)
-        return np.moveaxis(out, 1, 0).reshape(rhs.shape[:-2] + (m, n))
-    return np.matmul(lhs, rhs)
+    lead_l, lead_r = lhs.shape[:-2], rhs.shape[:-2]
+    if len(lead_l) != len(lead_r) or any(a > 1 and b > 1 for a, b in zip(lead_l, lead_r)):
+        return np.matmul(lhs, rhs)
+    (m, k), n = lhs.shape[-2:], rhs.shape[-1]
+    on_l = [i for i, size in enumerate(lead_l) if size > 1]
+    on_r = [i for i, size in enumerate(lead_r) if size > 1]
+    nl, nr = math.prod(lead_l), math.prod(lead_r)
+    rows = lhs.reshape(nl * m, k)  # (chips_l * M, K)
+    cols = np.moveaxis(rhs.reshape(nr, k, n), 0, 1).reshape(k, nr * n)  # (K, chips_r * N)
+    out = (rows @ cols).reshape([lead_l[i] for i in on_l] + [m] + [lead_r[i] for i in on_r] + [n])
+    # out's dims: lhs chip dims, M, rhs chip dims, N; put the chip dims back in mesh order
+    where = {i: j for j, i in enumerate(on_l)} | {i: len(on_l) + 1 + j for j, i in enumerate(on_r)}
+    out = out.transpose([where[i] for i in sorted(where)] + [len(on_l), out.ndim - 1])
+    return out.reshape(tuple(max(a, b) for a, b in zip(lead_l, lead_r)) + (m, n))
 
 
 def fold_contraction(lhs: np.ndarray, rhs: np.ndarray, positions: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
