@@ -8,6 +8,7 @@ carries a bound on how far a run in a lower precision may drift from it (see ``B
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,7 +57,7 @@ class Bound:
     def stable(self) -> bool:
         """True if no gradient grew tenfold: the bound leaves out how earlier drift feeds later
         gradients, which a diverging run amplifies step after step."""
-        return all(max(e) <= 10 * e[0] for e in self.grad_err.values())
+        return all(np.isfinite(e).all() and max(e) <= 10 * e[0] for e in self.grad_err.values())
 
     def first_loss_error(self, loss: float, sum_rel: float) -> float:
         """Bound on the first step's loss error: Out carries ``e = rel * max|Out|`` per element,
@@ -86,21 +87,23 @@ def train(
         bound.err = {k: np.zeros_like(v) for k, v in w.items()}
         bound.grad_err = {k: [] for k in w}
         bound.out_scale = []
-    for t in range(1, steps + 1):
-        out = mlp.stack_forward(w, x, activation, residual)
-        loss, dout = mse_grad(out, target)
-        losses.append(loss)
-        if bound is not None:
-            bound.out_scale.append(float(np.abs(out).max()))
-        grads = mlp.stack_backward(w, x, dout, activation, residual)
-        for k in w:
-            g = grads[k]
-            new, sens = _step(opt, w[k], g, state[k], t)
+    with warnings.catch_warnings():  # a diverging run may overflow: Bound.stable() then rejects it
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for t in range(1, steps + 1):
+            out = mlp.stack_forward(w, x, activation, residual)
+            loss, dout = mse_grad(out, target)
+            losses.append(loss)
             if bound is not None:
-                bound.grad_err[k].append(bound.rel * float(np.abs(g).max()))
-                rounding = 2 * bound.ulp * (np.abs(w[k]) + np.abs(new - w[k]))  # the decay and the step
-                bound.err[k] = bound.err[k] + _drift(opt, sens, bound.grad_err[k]) + rounding
-            w[k] = new
+                bound.out_scale.append(float(np.abs(out).max()))
+            grads = mlp.stack_backward(w, x, dout, activation, residual)
+            for k in w:
+                g = grads[k]
+                new, sens = _step(opt, w[k], g, state[k], t)
+                if bound is not None:
+                    bound.grad_err[k].append(bound.rel * float(np.abs(g).max()))
+                    rounding = 2 * bound.ulp * (np.abs(w[k]) + np.abs(new - w[k]))  # the decay and the step
+                    bound.err[k] = bound.err[k] + _drift(opt, sens, bound.grad_err[k]) + rounding
+                w[k] = new
     return w, losses
 
 

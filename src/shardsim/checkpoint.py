@@ -77,7 +77,7 @@ def save(directory: str | os.PathLike[str], state: State) -> Path:
     >>> sorted(p.name for p in path.iterdir())  # replicated over Y: one block per X
     ['index.json', 'x.X0.npy', 'x.X1.npy']
     """
-    root = Path(directory)
+    root = Path(os.path.abspath(directory))  # "." or "ckpt/" name a directory that can be renamed
     flat, tree = _flatten(state)
     _check_target(root)
     root.parent.mkdir(parents=True, exist_ok=True)

@@ -244,8 +244,7 @@ def _binary(
 def _result_dtype(op: Callable[[Any, Any], Any], operands: tuple[Any, Any], what: str) -> np.dtype:
     """The dtype NumPy gives ``op`` on these operands (zero-size probes), the same with or without data."""
     try:
-        with np.errstate(all="ignore"):
-            dtype = np.asarray(op(*operands)).dtype
+        dtype = np.asarray(op(*operands)).dtype  # zero-size: no floating-point warnings
     except (TypeError, ValueError, OverflowError) as e:
         raise DtypeError(f"{what}: NumPy refuses this for these dtypes ({e})") from None
     if dtype.kind not in "biufc" and dtype.name != "bfloat16":
