@@ -355,3 +355,12 @@ def test_train_runs_every_stage_and_matches_one_device(capsys) -> None:
     lines = capsys.readouterr().out.splitlines()
     for name in ("ddp", "zero1", "zero2", "zero3", "tp", "fsdp_tp"):
         assert any(line.startswith(name) and line.rstrip().endswith("PASS") for line in lines), name
+
+
+@pytest.mark.parametrize(
+    "name", ["zero1", "zero2", "zero3", "tp_ln", "tp_sp", "pp", "pp_interleaved", "dp_pp", "dp_pp_tp", "ep", "dp_ep"]
+)
+def test_demo_runs_every_registered_scheme(capsys, name: str) -> None:
+    """Each scheme's demo checks it against its own single-device reference."""
+    assert cli.main(["demo", "--scheme", name, "--batch", "8", "--quiet"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(": PASS")
