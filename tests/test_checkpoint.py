@@ -15,16 +15,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import given, seed
 from hypothesis import strategies as st
 
 import shardsim
+from fuzz_budget import budget
 from shardsim import CheckpointError, checkpoint
 from shardsim.layout import Dim, Layout
 
 NAMES = ("X", "Y", "Z")
 DIMS = ("A", "B", "C")
-SCALE = int(os.environ.get("SHARDSIM_FUZZ_SCALE", "1"))  # see tests/test_fuzz.py
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -66,13 +66,7 @@ def values(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.n
 
 # -- property: save on one mesh and layout, load on another ----------------------------------------
 @seed(1234)
-@settings(
-    max_examples=40 * SCALE,
-    deadline=None,
-    derandomize=SCALE == 1,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@budget(40)
 @given(data=st.data())
 def test_save_then_load_on_another_mesh_and_layout_is_bitwise_equal(data: st.DataObject) -> None:
     src_mesh, dst_mesh = data.draw(meshes(), "saved on"), data.draw(meshes(), "loaded on")

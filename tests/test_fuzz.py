@@ -27,28 +27,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, given, seed, settings
+from hypothesis import event, given, seed
 from hypothesis import strategies as st
 
 import shardsim
+from fuzz_budget import budget
 from shardsim import checkpoint
 from shardsim.dtypes import resolve_dtype, tolerance
 from shardsim.errors import DtypeError
 from shardsim.layout import Dim, Layout
 from shardsim.reshard import reshard
 
-SCALE = int(os.environ.get("SHARDSIM_FUZZ_SCALE", "1"))
 SEED = int(os.environ.get("SHARDSIM_FUZZ_SEED", "20240611"))
-
-
-def budget(n: int) -> settings:
-    return settings(
-        max_examples=n * SCALE,
-        deadline=None,
-        derandomize=SCALE == 1,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
-    )
 
 
 # -- outcomes --------------------------------------------------------------------------------------

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import given, seed
 from hypothesis import strategies as st
 
 import shardsim
+from fuzz_budget import budget
 from shardsim import (
     ChipFailureError,
     LayoutParseError,
@@ -28,18 +28,6 @@ from shardsim.layout import Dim, Layout
 from shardsim.reshard import host_global, local_slice, plan_reshard, reshard
 
 NAMES = ("X", "Y", "Z", "W")
-# CI runs a fixed, bounded set of examples; SHARDSIM_FUZZ_SCALE=100 runs 100 times as many, freshly drawn.
-SCALE = int(os.environ.get("SHARDSIM_FUZZ_SCALE", "1"))
-
-
-def budget(n: int) -> settings:
-    return settings(
-        max_examples=n * SCALE,
-        deadline=None,
-        derandomize=SCALE == 1,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
-    )
 
 
 DIMS = ("A", "B", "C")
