@@ -7,7 +7,7 @@ split differently. What differs is where the bytes live, and the ledger measures
 
     python examples/train.py
 
-Needs the optional bfloat16 dtype: ``pip install 'shardsim[bf16]'``.
+bfloat16 comes from ml_dtypes, which shardsim depends on.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Dtypes by name, with bfloat16 from the optional ``ml_dtypes`` package.
+"""Dtypes by name, with bfloat16 from ``ml_dtypes`` (imported only when asked for).
 
 >>> from shardsim.dtypes import resolve_dtype
 >>> resolve_dtype("float32").itemsize
@@ -17,12 +17,14 @@ FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
 
 def resolve_dtype(dtype: Any) -> np.dtype:
-    """A NumPy dtype from a name (``"bfloat16"`` needs ``pip install 'shardsim[bf16]'``) or dtype."""
+    """A NumPy dtype from a name (``"bfloat16"`` comes from ml_dtypes) or a dtype."""
     if isinstance(dtype, str) and dtype in ("bfloat16", "bf16"):
         try:
             import ml_dtypes
         except ImportError:  # pragma: no cover - depends on the environment
-            raise ShardingError("bfloat16 needs the optional package ml_dtypes: pip install 'shardsim[bf16]'") from None
+            raise ShardingError(
+                "bfloat16 needs the package ml_dtypes, a dependency of shardsim: pip install ml_dtypes"
+            ) from None
         return np.dtype(ml_dtypes.bfloat16)
     try:
         dt = np.dtype(dtype)
