@@ -169,7 +169,7 @@ def test_without_ml_dtypes_only_bfloat16_values_fail(tmp_path: Path, monkeypatch
     checkpoint.save(tmp_path / "bf16", {"w": shardsim.shard(np.ones(4, ml_dtypes.bfloat16), mesh, "A_X")})
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import ml_dtypes now raises ImportError
     assert checkpoint.load(tmp_path / "f32", mesh)["w"].dtype == np.float32
-    with pytest.raises(CheckpointError, match=r"array 'w' has dtype bfloat16: bfloat16 needs the optional package"):
+    with pytest.raises(CheckpointError, match=r"array 'w' has dtype bfloat16: bfloat16 needs the package ml_dtypes"):
         checkpoint.load(tmp_path / "bf16", mesh)
 
 
