@@ -212,8 +212,7 @@ class ShardedArray:
             data = self.compact()
             nm = len(self.mesh.shape)
             block = data[tuple(i if n > 1 else 0 for i, n in zip(index, data.shape[:nm]))]
-        block = block.view()
-        block.flags.writeable = False
+        block = read_only(block)
         return block
 
     def blocks(self) -> np.ndarray:
@@ -231,8 +230,7 @@ class ShardedArray:
             )
         nm = len(self.mesh.shape)
         out = _blocks.to_global(self.compact(), self.dims_positions(), nm, self.global_shape)
-        out = out.view()
-        out.flags.writeable = False
+        out = read_only(out)
         return out
 
     def _chip_index(self, coords: dict[str, int]) -> tuple[int, ...]:
@@ -328,6 +326,13 @@ class ShardedArray:
         return sum_dim(self, dim, label=label)
 
 
+def read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a``: blocks handed out can't change the value behind them."""
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
 def local_shape_of(mesh: Mesh, layout: Layout, global_shape: Sequence[int]) -> tuple[int, ...]:
     """Each chip's block shape; raises DivisibilityError naming the dim, axes and sizes."""
     if len(global_shape) != layout.rank:
@@ -398,8 +403,7 @@ def shard(
     local_shape_of(mesh, lay, shape)  # validates rank and divisibility with a clear message
     idx = mesh.axis_index
     compact = _blocks.from_global(data, [tuple(idx(a) for a in d.axes) for d in lay.dims], mesh.shape)
-    compact = compact.view()
-    compact.flags.writeable = False
+    compact = read_only(compact)
     return ShardedArray(mesh, lay, shape, data.dtype, compact, label=label, category=category)
 
 
@@ -442,8 +446,7 @@ def from_local(
                     f"along {a!r}; split a dimension over {a!r} or mark it partial {{U_{a}}}"
                 )
             data = first
-    data = data.view()
-    data.flags.writeable = False
+    data = read_only(data)
     return ShardedArray(mesh, lay, global_shape, data.dtype, data, label=label, category=category)
 
 

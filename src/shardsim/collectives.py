@@ -56,8 +56,7 @@ def all_gather(x: ShardedArray, axis: Axes, *, label: str | None = None) -> Shar
     dim = _split_dim(x, axes, "all_gather")
     d = x.layout.dims[dim]
     layout = x.layout.with_dim(dim, d.axes[: len(d.axes) - len(axes)])
-    _check_alive(x, "all_gather", axes)
-    _check_group_holds(x, axes, "all_gather")
+    _check_group_ready(x, axes, "all_gather")
     data = None
     if not x.is_shape_only:
         data = _blocks.merge_into_local(x.compact(), _nm(x), _positions(x, axes), dim)
@@ -77,8 +76,7 @@ def reduce_scatter(x: ShardedArray, axis: Axes, dim: str | int, *, label: str | 
     layout = x.layout.with_dim(i, x.layout.dims[i].axes + axes)
     layout = layout.with_partial(a for a in x.layout.partial if a not in axes)
     local_shape_of(x.mesh, layout, x.global_shape)  # DivisibilityError before any work
-    _check_alive(x, "reduce_scatter", axes)
-    _check_group_holds(x, axes, "reduce_scatter")
+    _check_group_ready(x, axes, "reduce_scatter")
     data = None
     if not x.is_shape_only:
         reduced = _reduce(x, axes)
@@ -98,8 +96,7 @@ def all_reduce(x: ShardedArray, axis: Axes, *, label: str | None = None) -> Shar
     _check_partial(x, axes, "all_reduce")
     x = _in_reduce_dtype(x, axes)
     layout = x.layout.with_partial(a for a in x.layout.partial if a not in axes)
-    _check_alive(x, "all_reduce", axes)
-    _check_group_holds(x, axes, "all_reduce")
+    _check_group_ready(x, axes, "all_reduce")
     data, lazy = None, None
     if not x.is_shape_only:
         reduced = _reduce(x, axes)
@@ -134,8 +131,7 @@ def all_to_all(
     layout = x.layout.with_dim(src, d.axes[: len(d.axes) - len(axes)])
     layout = layout.with_dim(dst, layout.dims[dst].axes + axes)
     local_shape_of(x.mesh, layout, x.global_shape)
-    _check_alive(x, "all_to_all", axes)
-    _check_group_holds(x, axes, "all_to_all")
+    _check_group_ready(x, axes, "all_to_all")
     data = None
     if not x.is_shape_only:
         pos = _positions(x, axes)
@@ -332,7 +328,6 @@ def _permute(c: np.ndarray, positions: list[int], src_of: list[int]) -> np.ndarr
     y = np.moveaxis(c, positions, front)
     lead = y.shape[: len(positions)]
     moved = y.reshape((math.prod(lead),) + y.shape[len(positions) :])[src_of].reshape(y.shape)  # (chips, *block)
-    assert moved.shape[: len(lead)] == lead
     return np.moveaxis(moved, front, positions)
 
 
@@ -358,9 +353,15 @@ def _new(
     )
 
 
+def _check_group_ready(x: ShardedArray, axes: tuple[str, ...], op: str) -> None:
+    """A collective needs every chip of its group alive and holding the value."""
+    _check_alive(x, op, axes)
+    _check_group_holds(x, axes, op)
+
+
 def _check_group_holds(x: ShardedArray, axes: tuple[str, ...], op: str) -> None:
-    """A collective needs every chip of its group: a value held on some chips only must be
-    held alike along ``axes`` (a pipeline stage's value: collectives within the stage)."""
+    """A value held on some chips only must be held alike along ``axes`` (a pipeline stage's
+    value: collectives within the stage)."""
     if x.holders is None:
         return
     pos = _positions(x, axes)
@@ -391,8 +392,8 @@ def _check_alive(x: ShardedArray, op: str, axes: tuple[str, ...]) -> None:
     who = f"chip {names[0]} has" if len(names) == 1 else f"chips {', '.join(names)} have"
     first = dict(zip(mesh.axis_names, failed[0]))
     group = next(g for g in mesh.groups(axes) if first in g)
-    active = tracing._active.get()
-    step = f"{tracing.current_phase()} phase" + (f", trace event {len(active[-1].events)}" if active else "")
+    index = tracing.next_event_index()
+    step = f"{tracing.current_phase()} phase" + (f", trace event {index}" if index is not None else "")
     raise ChipFailureError(
         f"{op} over {_fmt(axes)} of {x.describe()} cannot run: {who} failed (step: {step}). "
         f"The group of {names[0]} over {_fmt(axes)}: {' '.join(mesh.chip_name(c) for c in group)}. "

@@ -155,8 +155,10 @@ def current_phase() -> str:
     return _phase.get()
 
 
-def recording() -> bool:
-    return bool(_active.get())
+def next_event_index() -> int | None:
+    """The index the next event will get in the innermost active trace (None when not tracing)."""
+    traces = _active.get()
+    return len(traces[-1].events) if traces else None
 
 
 def record(
