@@ -33,13 +33,13 @@ def test_v5p_data_parallel_critical_batch_is_2550(scheme):
     # SB training.md: "C=4.6e14 and W=2 * 9e10 [...] our batch size per chip must be at least
     # 2,550"; "4.59e14 / 1.8e11 = 2550 for v5p"
     c = critical_batch(scheme, "tpu-v5p", mesh=Mesh(X=16))
-    assert c.per_chip_batch == pytest.approx(2550, abs=0.5)
+    assert c.per_chip_batch == pytest.approx(2550)  # exactly C / W
 
 
 def test_v5p_fsdp_over_three_axes_is_850():
     # SB training.md: "if we dedicate all three axes [...] we 3x our bandwidth [...] BS=850 per TPU"
     c = critical_batch("fsdp", "tpu-v5p", chips=4096)  # 16 x 16 x 16: three ICI rings
-    assert c.per_chip_batch == pytest.approx(850, abs=0.5)
+    assert c.per_chip_batch == pytest.approx(850)
 
 
 def test_v5p_fsdp_tp_condition_for_large_d_ff():
@@ -77,8 +77,8 @@ def test_tp_condition_y_below_m_y_f_over_2550():
 def test_h100_data_parallel_within_and_across_nodes():
     # SB gpus.md: "Within a node, [...] 990e12 / 450e9 = 2200"; "Within an SU or at the spine
     # level, BS > 990e12 / 400e9 = 2475"
-    assert critical_batch("ddp", "h100", chips=8).per_chip_batch == pytest.approx(2200, abs=0.5)
-    assert critical_batch("ddp", "h100", chips=256).per_chip_batch == pytest.approx(2475, abs=0.5)
+    assert critical_batch("ddp", "h100", chips=8).per_chip_batch == pytest.approx(2200)
+    assert critical_batch("ddp", "h100", chips=256).per_chip_batch == pytest.approx(2475)
 
 
 def test_h100_exact_ring_forms():
@@ -86,10 +86,10 @@ def test_h100_exact_ring_forms():
     # the node level (B / 514e9) binds, not the cross-node B / 800e9. One SU of 32 nodes:
     # "400e9 * 32 / (32 - 1) = 413GB/s".
     exact = H100.with_(ring="exact")
-    assert critical_batch("fsdp", exact, chips=8).per_chip_batch == pytest.approx(2200 * 7 / 8, abs=0.5)
-    assert critical_batch("fsdp", exact, chips=16).per_chip_batch == pytest.approx(990e12 / (450e9 * 8 / 7), abs=0.5)
+    assert critical_batch("fsdp", exact, chips=8).per_chip_batch == pytest.approx(2200 * 7 / 8)
+    assert critical_batch("fsdp", exact, chips=16).per_chip_batch == pytest.approx(990e12 / (450e9 * 8 / 7))
     su = critical_batch("fsdp", exact, chips=256).per_chip_batch
-    assert su == pytest.approx(990e12 / (400e9 * 32 / 31), abs=0.5)
+    assert su == pytest.approx(990e12 / (400e9 * 32 / 31))
     assert 990e12 / su / 1e9 == pytest.approx(413, abs=0.5)
 
 
@@ -98,7 +98,7 @@ def test_dcn_operational_intensity():
     # uses 4.46e14 here): data parallelism between two one-chip slices over DCN.
     hw = V5P.with_(flops_by_dtype={"bfloat16": 4.46e14})
     c = critical_batch("ddp", hw, mesh=Mesh(X=2), links={"X": "dcn"})
-    assert c.per_chip_batch == pytest.approx(71360, abs=0.5)
+    assert c.per_chip_batch == pytest.approx(71360)
 
 
 # -- single chip --------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def test_communication_bound_fsdp_step_is_its_communication():
 
 def test_doubling_the_batch_doubles_compute_not_weight_traffic():
     small, big = fsdp4(4096), fsdp4(8192)
-    assert big.compute_s == pytest.approx(2 * small.compute_s, rel=1e-3)
+    assert big.compute_s == pytest.approx(2 * small.compute_s)
     assert big.comm_s == pytest.approx(small.comm_s)
     weights = [b.seconds for b in big.timeline.bars if b.op == "all_gather"]
     assert weights == pytest.approx([AG_S] * len(weights))
@@ -143,7 +143,7 @@ def test_schedule_follows_data_flow_not_statement_order(per_chip):
     fsdp = estimate("fsdp", Mesh(X=16), "tpu-v5p", 16 * per_chip, D, F, layers=3)
     mixed = estimate("fsdp_tp", Mesh(X=16, Y=1), "tpu-v5p", 16 * per_chip, D, F, layers=3)
     assert mixed.step_s == pytest.approx(fsdp.step_s, rel=1e-12)
-    assert mixed.comm_exposed_s == pytest.approx(fsdp.comm_exposed_s, rel=1e-9)
+    assert mixed.comm_exposed_s == pytest.approx(fsdp.comm_exposed_s, rel=1e-12)
 
 
 def test_pipeline_stages_get_their_own_compute_streams():

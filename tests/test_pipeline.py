@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardsim as ss
+from finite_differences import numeric_grad
 from shardsim import mlp, strategies
 from shardsim.array import shard
 from shardsim.dtypes import tolerance
@@ -79,13 +80,27 @@ def test_reference_is_the_mlp_stack() -> None:
     params = pp.init(4, 8, seed=3, dtype="float64", layers=3)
     x = np.random.default_rng(0).standard_normal((5, 4))
     out, _ = pp.reference(params, x, np.ones((5, 4)), "relu")
-    np.testing.assert_array_equal(out, mlp.stack_forward(params, x, "relu"))
+    want = x
+    for i in range(3):
+        want = mlp.forward(mlp.layer(params, i), want, "relu")
+    np.testing.assert_array_equal(out, want)
+    # chunk c holds layers c·L/C ...: the chunks run in order, each layer once
     chunked = pp.init_chunked(4, 8, seed=3, dtype="float64", layers=4, chunks=2)
-    flat = {k: v.reshape((4,) + v.shape[2:]) for k, v in chunked.items()}
-    _, g = pp.reference(chunked, x, np.ones((5, 4)), "relu")
-    np.testing.assert_array_equal(
-        g["w_in"].reshape(4, 4, 8), mlp.stack_backward(flat, x, np.ones((5, 4)), "relu")["w_in"]
-    )
+    dout = np.random.default_rng(1).standard_normal((5, 4))
+    out, g = pp.reference(chunked, x, dout, "relu")
+
+    def chunked_forward() -> np.ndarray:
+        a = x
+        for c in range(2):
+            for i in range(2):
+                a = mlp.forward({k: v[c, i] for k, v in chunked.items()}, a, "relu")
+        return a
+
+    np.testing.assert_array_equal(out, chunked_forward())
+    loss = lambda: float((chunked_forward() * dout).sum())  # noqa: E731
+    for name, value in {"x": x, **chunked}.items():
+        assert g[name].shape == value.shape, name
+        np.testing.assert_allclose(g[name], numeric_grad(loss, value), rtol=1e-6, atol=1e-8, err_msg=name)
 
 
 # -- schedules: the published bubbles -----------------------------------------------------------

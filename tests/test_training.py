@@ -12,7 +12,7 @@ from shardsim import mlp
 from shardsim.dtypes import tolerance
 from shardsim.training import SGD, Adam, AdamW, Trainer, train_step
 from strategies_core import MLP_SCHEMES, scheme_meshes
-from training_reference import Bound, Opt, gradient_rel_error, train, weight_ulp
+from training_reference import Bound, Opt, _step, gradient_rel_error, train, weight_ulp
 
 
 def shardsim_optimizer(opt: Opt) -> SGD | Adam:
@@ -168,8 +168,6 @@ def test_adam_matches_the_formulas_step_by_step() -> None:
         opt = Opt(kind, lr=0.01, weight_decay=0.1)
         w, state = w0.copy(), ours.init_state(w0)
         ref_w, ref_state = w0.copy(), {}
-        from training_reference import _step
-
         for t, g in enumerate(grads, 1):
             ours.update(w, g, state, t)
             ref_w, _ = _step(opt, ref_w, g, ref_state, t)

@@ -337,7 +337,7 @@ def load(directory: str | os.PathLike[str], mesh: Mesh, layouts: Mapping[str, An
     except BaseException:
         built.clear()  # e.g. OutOfMemoryError on the third value: release the first two
         raise
-    return _unflatten(root, index["tree"], built)
+    return _unflatten(index["tree"], built)
 
 
 def _flat_layouts(layouts: Mapping[str, Any] | None, prefix: str = "") -> dict[str, Any]:
@@ -499,5 +499,5 @@ def _check_tree(root: Path, tree: Mapping[str, Any], arrays: Mapping[str, Any]) 
             raise CheckpointError(f"checkpoint {root}: {INDEX} tree names {value!r}, which it holds no array for")
 
 
-def _unflatten(root: Path, tree: Mapping[str, Any], built: dict[str, ShardedArray]) -> dict[str, Any]:
-    return {k: _unflatten(root, v, built) if isinstance(v, Mapping) else built[v] for k, v in tree.items()}
+def _unflatten(tree: Mapping[str, Any], built: dict[str, ShardedArray]) -> dict[str, Any]:
+    return {k: _unflatten(v, built) if isinstance(v, Mapping) else built[v] for k, v in tree.items()}

@@ -26,17 +26,21 @@ from typing import Any
 import numpy as np
 
 from . import mlp
-from .activations import get as get_activation
 from .dtypes import resolve_dtype
 
 EPS = 1e-5
 Params = dict[str, np.ndarray]
 
 
+def _stats(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(mu, rstd)`` of every token, over the last dimension."""
+    mu = x.mean(axis=-1, keepdims=True)
+    return mu, 1.0 / np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
+
+
 def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = EPS) -> np.ndarray:
     """``gamma * (x - mean) / std + beta`` over the last dimension."""
-    mu = x.mean(axis=-1, keepdims=True)
-    rstd = 1.0 / np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
+    mu, rstd = _stats(x, eps)
     return gamma * (x - mu) * rstd + beta
 
 
@@ -44,8 +48,7 @@ def layer_norm_backward(
     x: np.ndarray, gamma: np.ndarray, dy: np.ndarray, eps: float = EPS
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(dx, dgamma, dbeta)`` for the output cotangent ``dy``."""
-    mu = x.mean(axis=-1, keepdims=True)
-    rstd = 1.0 / np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
+    mu, rstd = _stats(x, eps)
     xhat = (x - mu) * rstd
     dxhat = dy * gamma
     dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True) - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
@@ -70,16 +73,7 @@ def block_forward(params: Params, x: np.ndarray, activation: str = "identity") -
 
 def block_backward(params: Params, x: np.ndarray, dout: np.ndarray, activation: str = "identity") -> Params:
     """Gradients ``{"x", "gamma", "beta", "w_in", "w_out"}``: the residual passes ``dout`` through."""
-    act = get_activation(activation)
     y = layer_norm(x, params["gamma"], params["beta"])
-    h_pre = y @ params["w_in"]
-    dh_pre = (dout @ params["w_out"].T) * act.grad(h_pre)
-    dy = dh_pre @ params["w_in"].T
-    dx_ln, dgamma, dbeta = layer_norm_backward(x, params["gamma"], dy)
-    return {
-        "x": dout + dx_ln,
-        "gamma": dgamma,
-        "beta": dbeta,
-        "w_in": y.T @ dh_pre,
-        "w_out": act.fn(h_pre).T @ dout,
-    }
+    g = mlp.backward(params, y, dout, activation)  # the MLP on the LayerNorm's output
+    dx_ln, dgamma, dbeta = layer_norm_backward(x, params["gamma"], g["x"])
+    return {"x": dout + dx_ln, "gamma": dgamma, "beta": dbeta, "w_in": g["w_in"], "w_out": g["w_out"]}

@@ -23,11 +23,10 @@ from typing import Any
 from ..errors import ShardsimError
 from ..mesh import Mesh
 from .collectives import collective_time
-from .estimate import Estimate, estimate, estimate_program, excess_terms
+from .estimate import Estimate, estimate, excess_terms
 from .hardware import Hardware
 from .placement import AxisLink, place
 from .presets import get_hardware
-from .program import scheme_program
 
 ROLE_AXES = {"ddp": ("X",), "fsdp": ("X",), "tp": ("Y",), "fsdp_tp": ("X", "Y")}
 
@@ -180,14 +179,8 @@ def _critical_on(
     dtype: str,
     max_per_chip: int,
 ) -> Critical:
-    place(hw, mesh, links)  # fail early on a layout the hardware cannot hold
-
     def excess(b: int) -> dict[tuple[str, str], float]:
-        program = scheme_program(scheme, mesh, b * mesh.size, d_model, d_ff, dtype=dtype)
-        est = estimate_program(
-            program, hw, placement_links=links, batch=b * mesh.size, d_model=d_model, d_ff=d_ff, dtype=dtype
-        )
-        return excess_terms(est.phases)
+        return excess_terms(estimate(scheme, mesh, hw, b * mesh.size, d_model, d_ff, dtype=dtype, links=links).phases)
 
     b = _crossing(excess, max_per_chip)
     bw = {a: axis_bandwidth(hw, mesh, a, links) for a in mesh.axis_names}

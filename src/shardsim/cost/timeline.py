@@ -127,15 +127,10 @@ class Timeline:
                 row["comm"] += b.seconds
                 for link in [f"comm {a}" for a in b.axes] or [b.stream]:
                     row[link] = row.get(link, 0.0) + b.seconds
+        chips = [[b for b in bars if b.is_compute] for bars in _by_chips(self.bars).values()]
         for phase, row in out.items():
             for key, attr in (("compute", "seconds"), ("flops", "flops_s"), ("memory", "memory_s")):
-                row[key] = max(
-                    (
-                        sum(getattr(b, attr) for b in bars if b.is_compute and b.phase == phase)
-                        for bars in _by_chips(self.bars).values()
-                    ),
-                    default=0.0,
-                )
+                row[key] = max((sum(getattr(b, attr) for b in bars if b.phase == phase) for bars in chips), default=0.0)
         return out
 
     def text(self, width: int = 100) -> str:

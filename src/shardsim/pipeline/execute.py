@@ -194,13 +194,13 @@ class PipelineStep:
             p, v = self.schedule.stages, self.schedule.chunks
             for name, w in self.params.items():
                 label = "d" + (w.label or name)
+                dim = w.layout.dims[1 if self.chunked else 0]  # L_Z
                 per_chunk = []
                 for c in range(v):
                     layers = [
                         self._reduced(c * p + layer // self.per_stage, layer % self.per_stage, name)
                         for layer in range(p * self.per_stage)
                     ]
-                    dim = w.layout.dims[1 if self.chunked else 0]
                     per_chunk.append(stack(layers, dim.name, dim.axes, label=label, move=True))  # [L_Z, ...]
                 grads = (
                     stack(per_chunk, w.layout.dims[0].name, label=label, move=True) if self.chunked else per_chunk.pop()

@@ -102,16 +102,15 @@ def plan(ctx: Ctx, x: ShardedArray, experts: int) -> dict[str, int]:
     if "capacity" in o and "capacity_factor" in o:
         raise ShardingError("give capacity or capacity_factor, not both")
     if "capacity_factor" in o:
-        capacity = math.ceil(float(o["capacity_factor"]) * k * per_group / experts)
+        capacity = _capacity_from_factor(o["capacity_factor"], k, per_group, experts)
     else:
         capacity = int(o.get("capacity", per_group))  # a group's tokens: nothing can be dropped
     return {"top_k": k, "groups": groups // shards, "per_group": per_group, "capacity": capacity}
 
 
-def reference_options(ctx: Ctx, x: ShardedArray, experts: int) -> dict[str, int]:
-    """The options for :func:`reference` that route exactly as this run does."""
-    p = plan(ctx, x, experts)
-    return {"top_k": p["top_k"], "capacity": p["capacity"], "groups": x.mesh.axis_size(token_axes(ctx)) * p["groups"]}
+def _capacity_from_factor(factor: Any, top_k: int, per_group: int, experts: int) -> int:
+    """``C = ceil(f · k · T_g / E)`` slots per expert per group."""
+    return math.ceil(float(factor) * top_k * per_group / experts)
 
 
 # -- per-chip routing kernels (every chip's blocks at once; leading dims are the mesh) -------
@@ -248,7 +247,7 @@ def reference(
     per_group = np.shape(x)[0] // groups
     k = int(options.get("top_k", 2))
     if "capacity_factor" in options:
-        cap: int | None = math.ceil(float(options["capacity_factor"]) * k * per_group / np.shape(p["router"])[1])
+        cap: int | None = _capacity_from_factor(options["capacity_factor"], k, per_group, np.shape(p["router"])[1])
     else:
         cap = options.get("capacity")
     kw = {"top_k": k, "capacity": cap, "groups": groups}

@@ -102,9 +102,7 @@ def run(
     chosen = resolve_axes(scheme, mesh, axes)
     ctx = Ctx(axes=chosen, activation=activation, options=options).check()
     lay = scheme.layouts(ctx)
-    names = [k for k in lay if k not in ("x", "out")]
-    if sorted(params) != sorted(names):
-        raise ShardingError(f"{scheme.name} needs params {names} (global arrays); got keys {sorted(params)}")
+    names = weight_names(scheme, lay, params)
     depth = stack_depth(params, {k: Layout.parse(lay[k], mesh.axis_names).rank for k in names})
     per_layer = [params] if depth is None else [layer_of(params, i) for i in range(depth)]
     if scheme.check_shapes is not None:
@@ -156,6 +154,14 @@ def run(
         layouts=layouts,
         axes=chosen,
     )
+
+
+def weight_names(scheme: Scheme, layouts: Mapping[str, str], params: Mapping[str, Any]) -> list[str]:
+    """The scheme's weights (its layouts but ``x`` and ``out``), checked against the keys of ``params``."""
+    names = [k for k in layouts if k not in ("x", "out")]
+    if sorted(params) != sorted(names):
+        raise ShardingError(f"{scheme.name} needs params {names} (global arrays); got keys {sorted(params)}")
+    return names
 
 
 # -- deep stacks: the per-layer steps, layer after layer ---------------------------------------

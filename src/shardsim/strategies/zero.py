@@ -120,17 +120,13 @@ ZERO1 = ZeroScheme(
     gather_params=gather_params,
 )
 
-ZERO2 = ZeroScheme(
-    "zero2",
-    roles=("data",),
-    layouts=layouts,
-    forward=forward,
+ZERO2 = replace(  # stage 1 with the gradients reduced in the backward pass instead of after it
+    ZERO1,
+    name="zero2",
     backward=backward_stage2,
-    check_shapes=check_mlp_shapes,
     summary="ZeRO-2: gradients in slices too, ReduceScattered layer by layer as the backward pass sweeps",
     stage=2,
-    state_layouts=slice_layouts,
-    gather_params=gather_params,
+    reduce_gradients=None,
 )
 
 ZERO3 = replace(fsdp.SCHEME, name="zero3", summary="ZeRO-3: the same scheme as fsdp (weights in slices too)")

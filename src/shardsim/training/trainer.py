@@ -51,6 +51,7 @@ from ..strategies.run import (
     resolve_axes,
     stack_depth,
     weight_label,
+    weight_names,
 )
 from ..tracing import Trace, phase, trace
 from .loss import mse
@@ -131,11 +132,7 @@ class Trainer:
         self.axes = resolve_axes(self.scheme, mesh, axes)
         self.ctx = Ctx(axes=self.axes, activation=activation, options=options).check()
         self.layouts = self.scheme.layouts(self.ctx)
-        self.names = [k for k in self.layouts if k not in ("x", "out")]
-        if sorted(params) != sorted(self.names):
-            raise ShardingError(
-                f"{self.scheme.name} needs params {self.names} (global arrays); got keys {sorted(params)}"
-            )
+        self.names = weight_names(self.scheme, self.layouts, params)
         self.state_layouts = zero.state_layouts(self.scheme, self.ctx)
         _reductions_in(self.precision, self.ctx, self.scheme)  # a reduce_dtype the scheme cannot use fails here
         self.depth = stack_depth(params)
