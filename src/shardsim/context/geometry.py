@@ -1,0 +1,311 @@
+"""What context-parallel attention is asked to do, checked once: shapes, layouts, tiles, work per chip.
+
+:func:`geometry` validates ``q [B, S_C, N, H]``, ``k``/``v [B, S_C, K, H]`` and the positions
+``[S_C]`` (heads may also be split over a model axis, ``[B, S_C, N_Y, H]``) and returns a
+:class:`Geometry`: the sizes, the layouts of the running statistics and score blocks, and
+``work[c, j]``, the number of key-query tile pairs chip ``c``'s queries share with block
+``j``'s keys that the causal mask leaves at least partly visible. Each chip's block is cut
+into ``tiles`` query tiles and ``tiles`` key tiles (two, the two chunks of the balanced split,
+when the block has an even number of rows); a kernel skips a tile pair only when every one
+of its keys comes after every one of its queries, so a diagonal tile counts in full.
+
+>>> import numpy as np, shardsim
+>>> from shardsim.context import balanced_order
+>>> mesh = shardsim.Mesh(C=2)
+>>> q = shardsim.shard(shardsim.ShapeDtype((1, 8, 2, 4)), mesh, "B S_C N H")
+>>> pos = shardsim.shard(balanced_order(8, 2), mesh, "[S_C]")
+>>> g = geometry(q, q, q, pos, axis="C", causal=True, scale=None)
+>>> g.tiles, g.work.tolist()     # chip 0 holds chunks 0 and 3, chip 1 chunks 1 and 2
+(2, [[3, 2], [2, 3]])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import tracing
+from ..array import ShardedArray, check_same_kind, check_same_mesh, compact_shape, held_where, local_shape_of
+from ..errors import DivisibilityError, PartialSumError, ShapeError, ShapeOnlyError, ShardingError
+from ..layout import Dim, Layout
+from ..mesh import Mesh
+from . import kernels
+
+METHODS = ("ring", "all_gather")
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Sizes and layouts of one context-parallel attention (see the module doc)."""
+
+    mesh: Mesh
+    axis: str
+    cp: int
+    causal: bool
+    scale: float
+    batch: int
+    seq: int
+    heads: int
+    kv_heads: int
+    kv_local: int  # kv heads on one chip (K, or K / the model axis splitting the heads)
+    head_dim: int
+    q_layout: Layout
+    kv_layout: Layout
+    has_data: bool
+    compute: np.dtype
+    holders: np.ndarray | None
+    tiles: int
+    work: np.ndarray  # (cp, cp): unmasked tile pairs of chip c's queries with block j's keys
+    tile_flops: int  # per chip, one matmul of one tile pair: 2 * b * n * (rows/tiles)^2 * H
+
+    @property
+    def rows(self) -> int:
+        """Query (and key) rows per chip: S / cp."""
+        return self.seq // self.cp
+
+    @property
+    def rows_layout(self) -> Layout:
+        """``[B, N, S_C]``: per query row and head (running max, sum, log-sum-exp)."""
+        b, s, n, _ = self.q_layout.dims
+        return Layout((b, n, s))
+
+    @property
+    def acc_layout(self) -> Layout:
+        """``[B, N, S_C, H]``: heads first, as the block kernels keep the running output and dQ."""
+        b, s, n, h = self.q_layout.dims
+        return Layout((b, n, s, h))
+
+    @property
+    def block_layout(self) -> Layout:
+        """``[B, N, S_C, T]``: one chip's scores against one key block of T = S/cp rows."""
+        b, s, n, _ = self.q_layout.dims
+        return Layout((b, n, s, Dim("T")))
+
+    def shape(self, layout: Layout) -> tuple[int, ...]:
+        """The global shape of a value of :attr:`rows_layout`, :attr:`acc_layout`, :attr:`block_layout`
+        or the kv layout."""
+        rows = (self.batch, self.heads, self.seq)
+        shapes = {
+            self.rows_layout: rows,
+            self.acc_layout: (*rows, self.head_dim),
+            self.block_layout: (*rows, self.rows),
+            self.kv_layout: (self.batch, self.seq, self.kv_heads, self.head_dim),
+        }
+        return shapes[layout]
+
+    def value(
+        self,
+        layout: Layout,
+        data: np.ndarray | None,
+        label: str,
+        category: str = "temporaries",
+        *,
+        shape: tuple[int, ...] | None = None,
+        dtype: Any = None,
+    ) -> ShardedArray:
+        """A new value on the attention's chips (``data`` stacked, or None when shape-only)."""
+        dt = np.dtype(dtype) if dtype is not None else self.compute
+        if data is not None:
+            data = data.astype(dt, copy=False)
+        return ShardedArray(
+            self.mesh,
+            layout,
+            shape or self.shape(layout),
+            dt,
+            data,
+            label=label,
+            category=category,
+            holders=self.holders,
+        )
+
+    def filled(self, layout: Layout, fill: float, label: str, category: str = "temporaries") -> ShardedArray:
+        """A value of ``layout`` with every entry ``fill`` (no data when shape-only)."""
+        data = None
+        if self.has_data:
+            local = local_shape_of(self.mesh, layout, self.shape(layout))
+            data = np.full(compact_shape(self.mesh, layout, local), fill, self.compute)
+        return self.value(layout, data, label, category)
+
+    def record(self, inputs: list[ShardedArray], out: ShardedArray, work: np.ndarray) -> None:
+        """Trace one matmul of a block step: per chip, ``work[c]`` tile pairs' FLOPs.
+
+        When every chip does the same work one event stands for all; otherwise each chip
+        that works gets its own event (``Event.where``, e.g. ``"C2"``), as pipeline stages do.
+        """
+        total = self.tiles * self.tiles
+        io = sum(x.local_nbytes for x in inputs) + out.local_nbytes
+        numbers = {"local_shapes": tuple(x.local_shape for x in inputs)}
+        if (work == work[0]).all():
+            if work[0]:
+                tracing.record(
+                    "matmul",
+                    (),
+                    inputs,
+                    out,
+                    flops=int(work[0]) * self.tile_flops,
+                    hbm_bytes=io * int(work[0]) // total,
+                    **numbers,
+                )
+            return
+        for c in np.flatnonzero(work):
+            mask = self._chip(int(c))
+            tracing.record(
+                "matmul",
+                (),
+                [_held(x, mask) for x in inputs],
+                _held(out, mask),
+                flops=int(work[c]) * self.tile_flops,
+                hbm_bytes=io * int(work[c]) // total,
+                **numbers,
+            )
+
+    def _chip(self, c: int) -> np.ndarray:
+        """The chips at position ``c`` of the context axis (and holding the attention's values)."""
+        along = np.arange(self.cp) == c
+        shape = [1] * len(self.mesh.shape)
+        shape[self.mesh.axis_index(self.axis)] = self.cp
+        mask = np.broadcast_to(along.reshape(shape), self.mesh.shape)
+        return mask & (True if self.holders is None else self.holders)
+
+
+def _held(x: ShardedArray, mask: np.ndarray) -> ShardedArray:
+    """``x`` seen from the chips in ``mask`` only: a view (no bytes) that names them in the trace."""
+    return ShardedArray(
+        x.mesh, x.layout, x.global_shape, x.dtype, None, label=x.label, category=x.category, holders=mask, view_of=x
+    )
+
+
+def geometry(
+    q: Any, k: Any, v: Any, positions: Any, *, axis: Any, causal: bool, scale: float | None, method: str = "ring"
+) -> Geometry:
+    """Check the operands of :func:`~shardsim.context.context_attention` and describe the work."""
+    if method not in METHODS:
+        raise ShardingError(f"context attention method {method!r} is not one of {list(METHODS)}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, ShardedArray):
+            raise ShardingError(f"context attention: {name} must be a ShardedArray, got {type(x).__name__}")
+    mesh = check_same_mesh(q, k, v)
+    has_data = check_same_kind(q, k, v)
+    if not isinstance(axis, str):
+        raise ShardingError(f"context attention: axis is one mesh axis name such as 'C', got {axis!r}")
+    mesh.check_axis(axis)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 4:
+            raise ShapeError(f"context attention: {name} {x.describe()} must be [B, S, heads, H] (4 dimensions)")
+        if x.is_partial:
+            raise PartialSumError(f"context attention: {name} {x.describe()} is a partial sum; reduce it first")
+    batch, seq, heads, head_dim = q.global_shape
+    kv_heads = k.global_shape[2]
+    if k.global_shape != (batch, seq, kv_heads, head_dim) or v.global_shape != k.global_shape:
+        raise ShapeError(
+            f"context attention: k {k.describe()} and v {v.describe()} must both be [B, S, K, H] = "
+            f"({batch}, {seq}, K, {head_dim}) to fit q {q.describe()}"
+        )
+    if heads % kv_heads:
+        fits = [d for d in range(1, heads + 1) if heads % d == 0]
+        raise DivisibilityError(
+            f"context attention: the {heads} query heads of q {q.describe()} do not divide into groups "
+            f"of the {kv_heads} kv heads of k {k.describe()}; use kv heads that divide {heads}: {fits}"
+        )
+    _check_layouts(q, k, v, axis)
+    cp = mesh.axis_size(axis)
+    rows = seq // cp
+    tiles = 2 if rows % 2 == 0 else 1
+    pos = _positions(positions, q, axis, causal, seq)
+    work = _work(pos, cp, tiles) if causal else np.full((cp, cp), tiles * tiles, np.int64)
+    b_loc, _, n_loc, _ = q.local_shape
+    return Geometry(
+        mesh=mesh,
+        axis=axis,
+        cp=cp,
+        causal=causal,
+        scale=float(scale) if scale is not None else 1.0 / math.sqrt(head_dim),
+        batch=batch,
+        seq=seq,
+        heads=heads,
+        kv_heads=kv_heads,
+        kv_local=k.local_shape[2],
+        head_dim=head_dim,
+        q_layout=q.layout,
+        kv_layout=k.layout,
+        has_data=has_data,
+        compute=kernels.compute_dtype(np.result_type(q.dtype, k.dtype, v.dtype)),
+        holders=held_where(q, k, v),
+        tiles=tiles,
+        work=work,
+        tile_flops=2 * b_loc * n_loc * (rows // tiles) ** 2 * head_dim,
+    )
+
+
+def _check_layouts(q: ShardedArray, k: ShardedArray, v: ShardedArray, axis: str) -> None:
+    """S split over exactly the context axis; k and v split like q (kv heads over q's head axes)."""
+    b, s, n, h = q.layout.dims
+    where = q.layout.axis_dim(axis)
+    if where is None:
+        raise ShardingError(
+            f"context attention over {axis!r}: q {q.describe()} does not split its sequence over {axis!r}; "
+            f"shard it as [{b}, {s.name}_{axis}, {n}, {h}]"
+        )
+    if where != 1:
+        raise ShardingError(
+            f"context attention over {axis!r}: q {q.describe()} splits {q.layout.dims[where]} over the context "
+            f"axis; the context axis splits the sequence {s.name} only"
+        )
+    if s.axes != (axis,):
+        others = [a for a in s.axes if a != axis]
+        raise ShardingError(
+            f"context attention over {axis!r}: q {q.describe()} shares its sequence dimension {s} between the "
+            f"context axis and {others}; a sequence-parallel or other split of {s.name} over {others} cannot "
+            f"share the dimension with context parallelism. Gather over {others} first (all_gather) or use "
+            f"{s.name}_{axis} alone"
+        )
+    if h.axes:
+        raise ShardingError(f"context attention: q {q.describe()} splits the head dimension {h}; keep it whole")
+    for name, x in (("k", k), ("v", v)):
+        kb, ks, kn, kh = x.layout.dims
+        if (kb.axes, ks.axes, kn.axes, kh.axes) != (b.axes, s.axes, n.axes, h.axes):
+            raise ShardingError(
+                f"context attention: {name} {x.describe()} must be split like q {q.describe()} "
+                f"(batch over {list(b.axes)}, sequence over {list(s.axes)}, kv heads over the query heads' "
+                f"axes {list(n.axes)}, so each chip holds whole GQA groups)"
+            )
+
+
+def _positions(positions: Any, q: ShardedArray, axis: str, causal: bool, seq: int) -> np.ndarray | None:
+    """The global position of every row, ``(S,)``, from ``positions [S_C]`` (None when not causal and not given)."""
+    if positions is None and not causal:
+        return None
+    if not isinstance(positions, ShardedArray):
+        raise ShardingError(
+            f"context attention: positions must be an int ShardedArray [S_{axis}] (the global position of each "
+            f"row, e.g. shard(balanced_order(S, cp), mesh, '[S_{axis}]')), got {type(positions).__name__}"
+        )
+    check_same_mesh(q, positions)
+    if positions.global_shape != (seq,) or positions.layout.dims[0].axes != (axis,) or positions.is_partial:
+        raise ShapeError(
+            f"context attention: positions {positions.describe()} must be [S_{axis}] of shape ({seq},), split "
+            f"over the context axis like the sequence of q {q.describe()}"
+        )
+    if positions.dtype.kind not in "iu":
+        raise ShardingError(
+            f"context attention: positions {positions.describe()} must be integers, not {positions.dtype}"
+        )
+    if positions.is_shape_only:
+        raise ShapeOnlyError(
+            f"context attention: positions {positions.describe()} is shape-only; the causal mask and the tiles "
+            "a chip skips are read from the positions, so give them data even in a shape-only run "
+            "(shard(balanced_order(S, cp), mesh, ...))"
+        )
+    return np.asarray(positions.to_global())
+
+
+def _work(pos: np.ndarray | None, cp: int, tiles: int) -> np.ndarray:
+    """``work[c, j]``: tile pairs of chip c's queries and block j's keys with a visible entry."""
+    assert pos is not None
+    chunks = pos.reshape(cp, tiles, -1)
+    first_key, last_query = chunks.min(axis=-1), chunks.max(axis=-1)  # (cp, tiles)
+    visible = first_key[None, :, None, :] <= last_query[:, None, :, None]  # (c, j, query tile, key tile)
+    return visible.sum(axis=(2, 3)).astype(np.int64)
