@@ -140,7 +140,7 @@ def _shape_only(cp: int, method: str, s: int = S, kv: int = KV) -> dict[str, int
     mem = mesh.memory
     base = int(mem.live().max())
     mem.reset_peak()
-    o, saved = context_attention(q, k, v, positions, axis="C", method=method)
+    _, saved = context_attention(q, k, v, positions, axis="C", method=method)
     out = {"forward": int(mem.peak().max()) - base, "kept": int(mem.live().max()) - base}
     out["forward scores"] = int(mem.peak("scores").max())
     do = sd(N)
@@ -210,7 +210,7 @@ def _traced(method: str, cp: int, *, balanced: bool = True, kv: int = KV, s: int
     order = balanced_order(s, cp) if balanced else np.arange(s)
     positions = ss.shard(order, mesh, "[S_C]", label="positions")
     with ss.trace() as t:
-        o, saved = context_attention(q, k, v, positions, axis="C", method=method)
+        _, saved = context_attention(q, k, v, positions, axis="C", method=method)
         with phase("backward"):
             context_attention_backward(saved, sd(N, "dO"))
     return t, mesh
@@ -289,6 +289,14 @@ def test_contiguous_split_is_unbalanced(method: str) -> None:
     # the same total as the balanced split: causal attention's visible tiles, shared out differently
     balanced, _ = _traced(method, cp, s=s)
     assert sum(_flops_per_chip(balanced, cp, "forward")) == sum(want)
+
+
+def test_contiguous_ring_idles_the_early_chips() -> None:
+    """At ring step t chip c holds block c - t: on the contiguous split, chips c < t have only later keys."""
+    cp = 4
+    t, _ = _traced("ring", cp, s=64, balanced=False)
+    where = [e.where for e in t.events if e.label == "scores" and e.phase == "forward"]
+    assert where == [""] + [f"C{c}" for step in range(1, cp) for c in range(step, cp)]
 
 
 def test_non_causal_counts_every_tile() -> None:
@@ -375,7 +383,7 @@ def test_bad_positions_and_method() -> None:
     with pytest.raises(ss.ShardingError, match="positions must be an int ShardedArray"):
         context_attention(q, k, v, None, axis="C")
     shape_only = ss.shard(ss.ShapeDtype((8,), "int64"), mesh, "[S_C]")
-    with pytest.raises(ss.ShapeOnlyError, match="positions .* is shape-only"):
+    with pytest.raises(ss.ShapeOnlyError, match=r"positions .* is shape-only"):
         context_attention(q, k, v, shape_only, axis="C")
     with pytest.raises(ss.ShapeError, match=r"must be \[S_C\] of shape \(8,\)"):
         context_attention(q, k, v, ss.shard(np.arange(8), mesh, "[S]"), axis="C")

@@ -36,7 +36,7 @@ def forward(
     ks, vs, ps = _gathered(g, k), _gathered(g, v), _blocks(g, pos)
     run = steps.start(g)
     for j in range(g.cp):
-        run = steps.forward_block(g, q, ks[j], vs[j], pos, ps[j], run, g.work[:, j])  # all chips take block j
+        run = steps.forward_block(g, q, ks[j], vs[j], pos, ps[j], run)  # every chip takes block j
     return steps.finish(g, run, q)
 
 
@@ -58,7 +58,7 @@ def backward(
     dks: list[ShardedArray] = []
     dvs: list[ShardedArray] = []
     for j in range(g.cp):
-        grads = steps.backward_block(g, q, do, rows, ks[j], vs[j], pos, ps[j], steps.Grads(dq), g.work[:, j], partial)
+        grads = steps.backward_block(g, q, do, rows, ks[j], vs[j], pos, ps[j], steps.Grads(dq), partial)
         assert grads.dk is not None and grads.dv is not None
         dq = grads.dq
         dks.append(grads.dk)

@@ -162,6 +162,15 @@ class Geometry:
                 **numbers,
             )
 
+    def work_on(self, pos_q: ShardedArray | None, pos_k: ShardedArray | None) -> np.ndarray:
+        """Per chip of the context axis, the visible tile pairs of the query and key blocks it holds
+        now, read from their positions (every tile pair when not causal)."""
+        if not self.causal or pos_q is None or pos_k is None:
+            return np.full(self.cp, self.tiles * self.tiles, np.int64)
+        counts = visible_tiles(pos_q.compact(), pos_k.compact(), self.tiles)  # mesh dims, C the only one > 1
+        along = [self.cp if a == self.axis else 1 for a in self.mesh.axis_names]
+        return np.broadcast_to(counts, along).reshape(self.cp).astype(np.int64)
+
     def _chip(self, c: int) -> np.ndarray:
         """The chips at position ``c`` of the context axis (and holding the attention's values)."""
         along = np.arange(self.cp) == c
@@ -302,10 +311,20 @@ def _positions(positions: Any, q: ShardedArray, axis: str, causal: bool, seq: in
     return np.asarray(positions.to_global())
 
 
+def visible_tiles(pos_q: np.ndarray, pos_k: np.ndarray, tiles: int) -> np.ndarray:
+    """Tile pairs of a query block and a key block (positions ``[..., S]``, ``[..., T]``) that the
+    causal mask leaves partly visible: some key at or before some query. Shape ``[...]``.
+
+    >>> int(visible_tiles(np.array([0, 1, 6, 7]), np.array([2, 3, 4, 5]), 2))   # chunks (0, 3) vs (1, 2)
+    2
+    """
+    last_query = pos_q.reshape(*pos_q.shape[:-1], tiles, -1).max(axis=-1)  # [..., tiles]
+    first_key = pos_k.reshape(*pos_k.shape[:-1], tiles, -1).min(axis=-1)
+    return (first_key[..., None, :] <= last_query[..., :, None]).sum(axis=(-1, -2))
+
+
 def _work(pos: np.ndarray | None, cp: int, tiles: int) -> np.ndarray:
-    """``work[c, j]``: tile pairs of chip c's queries and block j's keys with a visible entry."""
+    """``work[c, j]``: visible tile pairs of chip c's queries and block j's keys."""
     assert pos is not None
-    chunks = pos.reshape(cp, tiles, -1)
-    first_key, last_query = chunks.min(axis=-1), chunks.max(axis=-1)  # (cp, tiles)
-    visible = first_key[None, :, None, :] <= last_query[:, None, :, None]  # (c, j, query tile, key tile)
-    return visible.sum(axis=(2, 3)).astype(np.int64)
+    blocks = pos.reshape(cp, -1)
+    return visible_tiles(blocks[:, None, :], blocks[None, :, :], tiles).astype(np.int64)

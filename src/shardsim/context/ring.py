@@ -12,8 +12,6 @@ one last hop after the final step brings them home, so they move cp times (K/V c
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..array import ShardedArray
 from ..collectives import ppermute
 from . import steps
@@ -32,12 +30,6 @@ def _send_on(blocks: Blocks, g: Geometry) -> Blocks:
     return _send(k, g), _send(v, g), None if pos is None else _send(pos, g)
 
 
-def _work(g: Geometry, t: int) -> np.ndarray:
-    """Per chip c, the visible tile pairs of the block it holds at step t: block (c - t) mod cp."""
-    chips = np.arange(g.cp)
-    return g.work[chips, (chips - t) % g.cp]
-
-
 def forward(
     g: Geometry, q: ShardedArray, k: ShardedArray, v: ShardedArray, pos: ShardedArray | None
 ) -> tuple[ShardedArray, ShardedArray]:
@@ -46,7 +38,7 @@ def forward(
     here: Blocks = (k, v, pos)
     for t in range(g.cp):
         arriving = _send_on(here, g) if t < g.cp - 1 else None  # sent first: overlaps this step's compute
-        run = steps.forward_block(g, q, here[0], here[1], pos, here[2], run, _work(g, t))
+        run = steps.forward_block(g, q, here[0], here[1], pos, here[2], run)
         if arriving is not None:
             here = arriving
     return steps.finish(g, run, q)
@@ -69,9 +61,7 @@ def backward(
     here: Blocks = (k, v, pos)
     for t in range(g.cp):
         arriving = _send_on(here, g) if t < g.cp - 1 else None
-        grads = steps.backward_block(
-            g, q, do, rows, here[0], here[1], pos, here[2], steps.Grads(dq, dk, dv), _work(g, t), kv
-        )
+        grads = steps.backward_block(g, q, do, rows, here[0], here[1], pos, here[2], steps.Grads(dq, dk, dv), kv)
         assert grads.dk is not None and grads.dv is not None
         dq, dk, dv = grads.dq, grads.dk, grads.dv
         del grads

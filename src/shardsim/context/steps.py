@@ -58,9 +58,9 @@ def forward_block(
     pos_q: ShardedArray | None,
     pos_k: ShardedArray | None,
     run: Running,
-    work: np.ndarray,
 ) -> Running:
-    """Fold one key block into ``run``; ``work[c]`` is chip c's visible tile pairs (for the FLOPs)."""
+    """Fold one key block into ``run``; the FLOPs count the tile pairs the positions leave visible."""
+    work = g.work_on(pos_q, pos_k)
     p = m = ll = alpha = acc = None
     if g.has_data:
         s = kernels.scores(q.compact(), k.compact(), _data(pos_q), _data(pos_k), g.scale, g.causal, g.compute)
@@ -116,7 +116,6 @@ def backward_block(
     pos_q: ShardedArray | None,
     pos_k: ShardedArray | None,
     grads: Grads,
-    work: np.ndarray,
     kv_out: tuple[Layout, tuple[int, ...]],
 ) -> Grads:
     """One key block's share of the gradients, added to ``grads``.
@@ -126,6 +125,7 @@ def backward_block(
     context axis for all-gather attention).
     """
     kv = g.kv_local
+    work = g.work_on(pos_q, pos_k)
     p = ds = dv_d = dk_d = dq_d = None
     if g.has_data:
         s = kernels.scores(q.compact(), k.compact(), _data(pos_q), _data(pos_k), g.scale, g.causal, g.compute)
