@@ -2,12 +2,12 @@
 
 :func:`geometry` validates ``q [B, S_C, N, H]``, ``k``/``v [B, S_C, K, H]`` and the positions
 ``[S_C]`` (heads may also be split over a model axis, ``[B, S_C, N_Y, H]``) and returns a
-:class:`Geometry`: the sizes, the layouts of the running statistics and score blocks, and
-``work[c, j]``, the number of key-query tile pairs chip ``c``'s queries share with block
-``j``'s keys that the causal mask leaves at least partly visible. Each chip's block is cut
-into ``tiles`` query tiles and ``tiles`` key tiles (two, the two chunks of the balanced split,
-when the block has an even number of rows); a kernel skips a tile pair only when every one
-of its keys comes after every one of its queries, so a diagonal tile counts in full.
+:class:`Geometry`: the sizes, the layouts of the running statistics and score blocks, and how
+a block step's matmuls enter the trace. Each chip's block is cut into ``tiles`` query tiles
+and ``tiles`` key tiles (two, the two chunks of the balanced split, when the block has an
+even number of rows); a kernel skips a tile pair only when every one of its keys comes after
+every one of its queries, so a diagonal tile counts in full. :meth:`Geometry.work_on` reads
+each chip's visible tile pairs from the positions of the blocks it holds.
 
 >>> import numpy as np, shardsim
 >>> from shardsim.context import balanced_order
@@ -15,8 +15,10 @@ of its keys comes after every one of its queries, so a diagonal tile counts in f
 >>> q = shardsim.shard(shardsim.ShapeDtype((1, 8, 2, 4)), mesh, "B S_C N H")
 >>> pos = shardsim.shard(balanced_order(8, 2), mesh, "[S_C]")
 >>> g = geometry(q, q, q, pos, axis="C", causal=True, scale=None)
->>> g.tiles, g.work.tolist()     # chip 0 holds chunks 0 and 3, chip 1 chunks 1 and 2
-(2, [[3, 2], [2, 3]])
+>>> g.tiles, g.work_on(pos, pos).tolist()     # each chip's queries against its own keys
+(2, [3, 3])
+>>> g.work_on(pos, shardsim.ppermute(pos, "C", 1)).tolist()   # ... against the other chip's
+[2, 2]
 """
 
 from __future__ import annotations
@@ -58,7 +60,6 @@ class Geometry:
     compute: np.dtype
     holders: np.ndarray | None
     tiles: int
-    work: np.ndarray  # (cp, cp): unmasked tile pairs of chip c's queries with block j's keys
     tile_flops: int  # per chip, one matmul of one tile pair: 2 * b * n * (rows/tiles)^2 * H
 
     @property
@@ -223,8 +224,7 @@ def geometry(
     cp = mesh.axis_size(axis)
     rows = seq // cp
     tiles = 2 if rows % 2 == 0 else 1
-    pos = _positions(positions, q, axis, causal, seq)
-    work = _work(pos, cp, tiles) if causal else np.full((cp, cp), tiles * tiles, np.int64)
+    _check_positions(positions, q, axis, causal, seq)
     b_loc, _, n_loc, _ = q.local_shape
     return Geometry(
         mesh=mesh,
@@ -244,7 +244,6 @@ def geometry(
         compute=kernels.compute_dtype(np.result_type(q.dtype, k.dtype, v.dtype)),
         holders=held_where(q, k, v),
         tiles=tiles,
-        work=work,
         tile_flops=2 * b_loc * n_loc * (rows // tiles) ** 2 * head_dim,
     )
 
@@ -283,10 +282,10 @@ def _check_layouts(q: ShardedArray, k: ShardedArray, v: ShardedArray, axis: str)
             )
 
 
-def _positions(positions: Any, q: ShardedArray, axis: str, causal: bool, seq: int) -> np.ndarray | None:
-    """The global position of every row, ``(S,)``, from ``positions [S_C]`` (None when not causal and not given)."""
+def _check_positions(positions: Any, q: ShardedArray, axis: str, causal: bool, seq: int) -> None:
+    """``positions [S_C]``: integers with data, split like q's sequence (None allowed when not causal)."""
     if positions is None and not causal:
-        return None
+        return
     if not isinstance(positions, ShardedArray):
         raise ShardingError(
             f"context attention: positions must be an int ShardedArray [S_{axis}] (the global position of each "
@@ -308,7 +307,6 @@ def _positions(positions: Any, q: ShardedArray, axis: str, causal: bool, seq: in
             "a chip skips are read from the positions, so give them data even in a shape-only run "
             "(shard(balanced_order(S, cp), mesh, ...))"
         )
-    return np.asarray(positions.to_global())
 
 
 def visible_tiles(pos_q: np.ndarray, pos_k: np.ndarray, tiles: int) -> np.ndarray:
@@ -321,10 +319,3 @@ def visible_tiles(pos_q: np.ndarray, pos_k: np.ndarray, tiles: int) -> np.ndarra
     last_query = pos_q.reshape(*pos_q.shape[:-1], tiles, -1).max(axis=-1)  # [..., tiles]
     first_key = pos_k.reshape(*pos_k.shape[:-1], tiles, -1).min(axis=-1)
     return (first_key[..., None, :] <= last_query[..., :, None]).sum(axis=(-1, -2))
-
-
-def _work(pos: np.ndarray | None, cp: int, tiles: int) -> np.ndarray:
-    """``work[c, j]``: visible tile pairs of chip c's queries and block j's keys."""
-    assert pos is not None
-    blocks = pos.reshape(cp, -1)
-    return visible_tiles(blocks[:, None, :], blocks[None, :, :], tiles).astype(np.int64)
