@@ -324,6 +324,20 @@ def test_cost_model_overlaps_the_ring_transfers() -> None:
     assert no_overlap.step_s == pytest.approx(tl.step_s + tl.comm_hidden_s)
 
 
+def test_cost_model_pays_for_the_contiguous_imbalance() -> None:
+    """Compute-bound, the step lasts as long as the busiest chip: 4(cp-1)+3 tile pairs against 2cp+1."""
+    from shardsim.cost import timeline_of
+
+    cp = 8
+    steps = {}
+    for balanced in (True, False):
+        t, mesh = _traced("ring", cp, balanced=balanced)
+        tl = timeline_of(t, "tpu-v5p", mesh)
+        assert tl.comm_exposed_s == 0
+        steps[balanced] = tl.step_s
+    assert steps[False] / steps[True] == pytest.approx((4 * (cp - 1) + 3) / (2 * cp + 1), rel=1e-3)
+
+
 # -- bad input -----------------------------------------------------------------------------------------
 
 
