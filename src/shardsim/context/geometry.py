@@ -31,10 +31,11 @@ import numpy as np
 
 from .. import tracing
 from ..array import ShardedArray, check_same_kind, check_same_mesh, compact_shape, held_where, local_shape_of
-from ..errors import DivisibilityError, PartialSumError, ShapeError, ShapeOnlyError, ShardingError
+from ..errors import DivisibilityError, PartialSumError, ShapeError, ShardingError
 from ..layout import Dim, Layout
 from ..mesh import Mesh
 from . import kernels
+from .checks import check_layouts, check_positions
 
 METHODS = ("ring", "all_gather")
 
@@ -220,11 +221,11 @@ def geometry(
             f"context attention: the {heads} query heads of q {q.describe()} do not divide into groups "
             f"of the {kv_heads} kv heads of k {k.describe()}; use kv heads that divide {heads}: {fits}"
         )
-    _check_layouts(q, k, v, axis)
+    check_layouts(q, k, v, axis)
     cp = mesh.axis_size(axis)
     rows = seq // cp
     tiles = 2 if rows % 2 == 0 else 1
-    _check_positions(positions, q, axis, causal, seq)
+    check_positions(positions, q, axis, causal, seq)
     b_loc, _, n_loc, _ = q.local_shape
     return Geometry(
         mesh=mesh,
@@ -246,67 +247,6 @@ def geometry(
         tiles=tiles,
         tile_flops=2 * b_loc * n_loc * (rows // tiles) ** 2 * head_dim,
     )
-
-
-def _check_layouts(q: ShardedArray, k: ShardedArray, v: ShardedArray, axis: str) -> None:
-    """S split over exactly the context axis; k and v split like q (kv heads over q's head axes)."""
-    b, s, n, h = q.layout.dims
-    where = q.layout.axis_dim(axis)
-    if where is None:
-        raise ShardingError(
-            f"context attention over {axis!r}: q {q.describe()} does not split its sequence over {axis!r}; "
-            f"shard it as [{b}, {s.name}_{axis}, {n}, {h}]"
-        )
-    if where != 1:
-        raise ShardingError(
-            f"context attention over {axis!r}: q {q.describe()} splits {q.layout.dims[where]} over the context "
-            f"axis; the context axis splits the sequence {s.name} only"
-        )
-    if s.axes != (axis,):
-        others = [a for a in s.axes if a != axis]
-        raise ShardingError(
-            f"context attention over {axis!r}: q {q.describe()} shares its sequence dimension {s} between the "
-            f"context axis and {others}; a sequence-parallel or other split of {s.name} over {others} cannot "
-            f"share the dimension with context parallelism. Gather over {others} first (all_gather) or use "
-            f"{s.name}_{axis} alone"
-        )
-    if h.axes:
-        raise ShardingError(f"context attention: q {q.describe()} splits the head dimension {h}; keep it whole")
-    for name, x in (("k", k), ("v", v)):
-        kb, ks, kn, kh = x.layout.dims
-        if (kb.axes, ks.axes, kn.axes, kh.axes) != (b.axes, s.axes, n.axes, h.axes):
-            raise ShardingError(
-                f"context attention: {name} {x.describe()} must be split like q {q.describe()} "
-                f"(batch over {list(b.axes)}, sequence over {list(s.axes)}, kv heads over the query heads' "
-                f"axes {list(n.axes)}, so each chip holds whole GQA groups)"
-            )
-
-
-def _check_positions(positions: Any, q: ShardedArray, axis: str, causal: bool, seq: int) -> None:
-    """``positions [S_C]``: integers with data, split like q's sequence (None allowed when not causal)."""
-    if positions is None and not causal:
-        return
-    if not isinstance(positions, ShardedArray):
-        raise ShardingError(
-            f"context attention: positions must be an int ShardedArray [S_{axis}] (the global position of each "
-            f"row, e.g. shard(balanced_order(S, cp), mesh, '[S_{axis}]')), got {type(positions).__name__}"
-        )
-    check_same_mesh(q, positions)
-    if positions.global_shape != (seq,) or positions.layout.dims[0].axes != (axis,) or positions.is_partial:
-        raise ShapeError(
-            f"context attention: positions {positions.describe()} must be [S_{axis}] of shape ({seq},), split "
-            f"over the context axis like the sequence of q {q.describe()}"
-        )
-    if positions.dtype.kind not in "iu":
-        raise ShardingError(
-            f"context attention: positions {positions.describe()} must be integers, not {positions.dtype}"
-        )
-    if positions.is_shape_only:
-        raise ShapeOnlyError(
-            f"context attention: positions {positions.describe()} is shape-only; the causal mask and the tiles "
-            "a chip skips are read from the positions, so give them data even in a shape-only run "
-            "(shard(balanced_order(S, cp), mesh, ...))"
-        )
 
 
 def visible_tiles(pos_q: np.ndarray, pos_k: np.ndarray, tiles: int) -> np.ndarray:
