@@ -18,7 +18,7 @@ import shardsim as ss
 from attention_reference import attention, attention_backward
 from finite_differences import numeric_grad
 from shardsim.context import balanced_order, context_attention, context_attention_backward
-from shardsim.dtypes import tolerance
+from shardsim.dtypes import eps, resolve_dtype, tolerance
 from shardsim.tracing import Trace, phase
 
 # -- the reference against finite differences ------------------------------------------------------
@@ -71,8 +71,9 @@ def _run(
     layout = f"B S_C {heads} H"
     order = balanced_order(s, cp) if balanced else np.arange(s)
     rng = np.random.default_rng(seed)
-    q, do = rng.standard_normal((b, s, n, h)).astype(dtype), rng.standard_normal((b, s, n, h)).astype(dtype)
-    k, v = (rng.standard_normal((b, s, kv, h)).astype(dtype) for _ in range(2))
+    dt = resolve_dtype(dtype)
+    q, do = rng.standard_normal((b, s, n, h)).astype(dt), rng.standard_normal((b, s, n, h)).astype(dt)
+    k, v = (rng.standard_normal((b, s, kv, h)).astype(dt) for _ in range(2))
     shard = lambda x: ss.shard(x, mesh, layout)  # noqa: E731
     positions = ss.shard(order, mesh, "[S_C]", label="positions")
     o, saved = context_attention(shard(q), shard(k), shard(v), positions, axis="C", causal=causal, method=method)
@@ -116,6 +117,17 @@ def test_causal_gqa_with_model_axis(method: str, balanced: bool) -> None:
     """A fixed case of every feature at once: causal, GQA (4 query heads per kv head), heads over Y."""
     got, want, dtype = _run(method, True, balanced, 2, 4, (2, 16, 8, 2, 4), "float32", seed=5)
     _assert_close(got, want, dtype, 16, 4)
+
+
+@pytest.mark.parametrize("method", ["ring", "all_gather"])
+def test_bfloat16_rounds_only_the_results(method: str) -> None:
+    """bfloat16 chips compute in float32: the results differ from the exact attention of the same
+    inputs by their final rounding (half a bfloat16 ulp) and float32 error only."""
+    got, want, _ = _run(method, True, True, 2, 4, (2, 16, 8, 2, 4), "bfloat16", seed=5)
+    for name, g, w in zip(["o", "dq", "dk", "dv"], got, want):
+        assert g.dtype.name == "bfloat16", name
+        bound = (eps("bfloat16") / 2 + tolerance("float32", 16 * 4)) * float(np.abs(w).max())
+        np.testing.assert_allclose(g.astype(np.float64), w, rtol=0, atol=bound, err_msg=name)
 
 
 def test_non_causal_needs_no_positions() -> None:
