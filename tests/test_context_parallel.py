@@ -20,6 +20,7 @@ from finite_differences import numeric_grad
 from shardsim.context import balanced_order, context_attention, context_attention_backward
 from shardsim.dtypes import eps, resolve_dtype, tolerance
 from shardsim.tracing import Trace, phase
+from strategies_core import deep
 
 # -- the reference against finite differences ------------------------------------------------------
 
@@ -46,9 +47,7 @@ def test_reference_mask_follows_positions() -> None:
     permuted = attention(q[:, order], k[:, order], v[:, order], order, 1.0)
     plain = attention(q, k, v, np.arange(5), 1.0)
     np.testing.assert_allclose(permuted, plain[:, order], rtol=1e-13)
-    first = attention(q[:, :1], k[:, :1], v[:, :1], np.arange(1), 1.0)  # the first token sees itself only
-    np.testing.assert_allclose(plain[:, 0], v[:, 0], rtol=1e-13)
-    np.testing.assert_allclose(first, v[:, :1], rtol=1e-13)
+    np.testing.assert_allclose(plain[:, 0], v[:, 0], rtol=1e-13)  # the first token sees itself only
 
 
 # -- values: ring and all-gather against the reference ---------------------------------------------
@@ -104,6 +103,7 @@ def _assert_close(got: list[np.ndarray], want: list[np.ndarray], dtype: str, seq
         np.testing.assert_allclose(g, w, rtol=tol, atol=tol * max(1.0, float(np.abs(w).max())), err_msg=name)
 
 
+@deep  # three times the profile's examples: the cases are small and the combinations many
 @given(cases())
 def test_context_attention_matches_reference(case: tuple) -> None:
     got, want, dtype = _run(*case)
