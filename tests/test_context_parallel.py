@@ -212,6 +212,25 @@ def test_all_gather_holds_the_full_kv() -> None:
     assert got["forward"] - ring["forward"] == (2 * cp - 4) * z["kv"] + (cp - 2) * z["pos"]
 
 
+@pytest.mark.parametrize("method", ["ring", "all_gather"])
+def test_a_chip_sized_for_the_ring_cannot_gather(method: str) -> None:
+    """Capacity set to exactly the ring's forward peak: the ring fits; all-gather's full K/V leave no
+    room for its first score block."""
+    cp = 8
+    z = _sizes(cp)
+    mesh = ss.Mesh(C=cp)
+    sd = lambda heads: ss.shard(ss.ShapeDtype((1, S, heads, H), "bfloat16"), mesh, "B S_C N H")  # noqa: E731
+    q, k, v = sd(N), sd(KV), sd(KV)
+    positions = ss.shard(balanced_order(S, cp), mesh, "[S_C]")
+    ring_peak = 4 * z["kv"] + 2 * z["pos"] + 5 * z["row"] + 2 * z["acc"] + z["score"]
+    mesh.memory.capacity = int(mesh.memory.live().max()) + ring_peak
+    if method == "ring":
+        context_attention(q, k, v, positions, axis="C", method=method)
+    else:
+        with pytest.raises(ss.OutOfMemoryError, match=r"for scores\[B, N, S_C, T\]"):
+            context_attention(q, k, v, positions, axis="C", method=method)
+
+
 # -- bytes: read from the trace -----------------------------------------------------------------------
 
 
