@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .array import ShardedArray, from_local
+from .array import ShardedArray, compact_shape, from_local
 from .errors import ShardingError
 from .layout import Dim, Layout
 from .mesh import Mesh
@@ -232,9 +232,7 @@ def sharded_arrays(
         else:
             lay = draw(layouts(m, ndim if ndim is not None else draw(st.integers(1, 3)), partial=partial))
         local = tuple(draw(st.integers(1, max_local)) for _ in lay.dims)
-        used = set(lay.used_axes())
-        varying = tuple(s if a in used else 1 for a, s in zip(m.axis_names, m.shape))  # replicated: one block
-        blocks = draw(hnp.arrays(dt, varying + local, elements=elements))
+        blocks = draw(hnp.arrays(dt, compact_shape(m, lay, local), elements=elements))  # one block per replica group
         return from_local(np.broadcast_to(blocks, m.shape + local), m, lay)
 
     return draw_array()
