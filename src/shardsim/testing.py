@@ -16,6 +16,7 @@ style of ``hypothesis.extra.numpy``; hypothesis is imported only when one of the
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -66,6 +67,10 @@ def check_scheme(
     ``AssertionError`` naming the first case, the value that differs, its error and tolerance,
     and the ``shardsim.cli.run_demo`` call that repeats the case alone. An exception the scheme
     raises on a case is reported the same way, with the exception chained.
+
+    >>> runs = check_scheme("pp", examples=2, options={"schedule": "gpipe"})
+    >>> [(str(r.result.mesh), r.inputs["x"].shape, r.ok) for r in runs]
+    [('Mesh(Z=4)', (16, 8), True), ('Mesh(Z=2)', (12, 6), True)]
     """
     from . import strategies
     from .cli import default_mesh, run_demo
@@ -142,10 +147,11 @@ def meshes(
     ...     assert 1 <= len(mesh.axis_names) <= 2 and mesh.size <= 64
     >>> test()
     """
-    st = _strategies()
+    _require_hypothesis()
+    from hypothesis import strategies as st
 
     @st.composite
-    def draw_mesh(draw: Any) -> Mesh:
+    def draw_mesh(draw: st.DrawFn) -> Mesh:
         n = draw(st.integers(min_axes, max_axes))
         names = draw(st.sampled_from(AXIS_NAMES))[:n]
         sizes: list[int] = []
@@ -174,11 +180,13 @@ def layouts(
     ...     assert layout.rank == 2 and len(layout.used_axes()) <= 2
     >>> test()
     """
-    st = _strategies()
+    _require_hypothesis()
+    from hypothesis import strategies as st
+
     dim_names = [names[i] if i < len(names) else f"d{i}" for i in range(ndim)]
 
     @st.composite
-    def draw_layout(draw: Any) -> Layout:
+    def draw_layout(draw: st.DrawFn) -> Layout:
         slots: list[list[str]] = [[] for _ in range(ndim + 1)]  # one per dim, then the partial sum
         for axis in draw(st.permutations(mesh.axis_names)):
             where = draw(st.integers(-1, ndim if partial else ndim - 1))  # -1: replicated
@@ -213,7 +221,8 @@ def sharded_arrays(
     ...     assert x.global_shape[0] % 2 == 0 and str(x.layout) == "[B_X, D]"
     >>> test()
     """
-    st = _strategies()
+    _require_hypothesis()
+    from hypothesis import strategies as st
     from hypothesis.extra import numpy as hnp
 
     dt = np.dtype(dtype)
@@ -225,7 +234,7 @@ def sharded_arrays(
     mesh_strategy = mesh if mesh is not None and not isinstance(mesh, Mesh) else None
 
     @st.composite
-    def draw_array(draw: Any) -> ShardedArray:
+    def draw_array(draw: st.DrawFn) -> ShardedArray:
         m = draw(mesh_strategy) if mesh_strategy is not None else mesh if isinstance(mesh, Mesh) else draw(meshes())
         if layout is not None:
             lay = Layout.parse(layout, m.axis_names)
@@ -238,14 +247,9 @@ def sharded_arrays(
     return draw_array()
 
 
-def _strategies() -> Any:
-    try:
-        from hypothesis import strategies
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise ShardingError(
-            "shardsim.testing's strategies need hypothesis: pip install hypothesis (or shardsim[test])"
-        ) from None
-    return strategies
+def _require_hypothesis() -> None:
+    if importlib.util.find_spec("hypothesis") is None:  # pragma: no cover - depends on the environment
+        raise ShardingError("shardsim.testing's strategies need hypothesis: pip install hypothesis (or shardsim[test])")
 
 
 __all__ = ["check_scheme", "layouts", "meshes", "sharded_arrays"]

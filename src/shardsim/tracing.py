@@ -213,6 +213,11 @@ def write_chrome_trace(
     that would overlap on one track go to a second lane of it (``"comm X (2)"``), since a
     thread's slices must nest. Each run of consecutive slices of one phase on a lane is wrapped
     in a slice named after the phase (``cat`` ``"phase"``); times are ``X`` events in µs.
+
+    >>> a = TraceSlice("comm X", "all_gather X W", "forward", 0.0, 2.5, {"sent_bytes": 96}, network=True)
+    >>> doc = write_chrome_trace([a], None, "demo")
+    >>> [(e["ph"], e["name"], e["tid"]) for e in doc["traceEvents"]][1:]
+    [('M', 'thread_name', 1), ('M', 'thread_sort_index', 1), ('X', 'forward', 1), ('X', 'all_gather X W', 1)]
     """
     lanes: dict[str, list[list[TraceSlice]]] = {}
     network: dict[str, bool] = {}
@@ -281,7 +286,11 @@ def _event_name(e: Event) -> str:
 
 
 def slice_name(op: str, axes: Sequence[str], label: str, collective: bool) -> str:
-    """``all_gather X W_in``, ``matmul In @ W_in``: an exported slice's name."""
+    """``all_gather X W_in``, ``matmul In @ W_in``: an exported slice's name.
+
+    >>> slice_name("all_gather", ("X", "Y"), "W_in", True), slice_name("matmul", (), "In @ W_in", False)
+    ('all_gather X,Y W_in', 'matmul In @ W_in')
+    """
     return " ".join(p for p in (op, ",".join(axes) if collective else "", label) if p)
 
 
