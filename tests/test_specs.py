@@ -208,13 +208,19 @@ def test_dtensors_own_placement_classes_are_read_by_name() -> None:
         Layout.from_placements([strided(), Replicate_(), Replicate_()], mesh, 2)
 
 
-class _FakeJaxSpec(tuple):
-    """Stands for jax.sharding.PartitionSpec (a tuple subclass); ``unreduced`` as JAX 0.7 has it."""
+class _FakeJaxSpec:
+    """Stands for today's jax.sharding.PartitionSpec: no tuple, but iterable, with ``unreduced``."""
 
-    def __new__(cls, *entries, unreduced=frozenset()):
-        spec = super().__new__(cls, entries)
-        spec.unreduced = frozenset(unreduced)
-        return spec
+    def __init__(self, *partitions, unreduced=None):
+        if unreduced is not None and not isinstance(unreduced, (set, frozenset)):
+            raise TypeError("unreduced must be None, a set or a frozenset")  # as JAX checks it
+        self._partitions, self.unreduced = partitions, frozenset(unreduced or ())
+
+    def __iter__(self):
+        return iter(self._partitions)
+
+    def __len__(self):
+        return len(self._partitions)
 
 
 class _OldJaxSpec(tuple):

@@ -64,7 +64,7 @@ class Layout:
 
     # -- JAX PartitionSpec and DTensor placements (the mapping lives in shardsim.specs) -----
     @classmethod
-    def from_partition_spec(cls, spec: Sequence[Any], mesh: Mesh, **kwargs: Any) -> Layout:
+    def from_partition_spec(cls, spec: Iterable[Any], mesh: Mesh, **kwargs: Any) -> Layout:
         """The layout of a ``PartitionSpec`` on ``mesh`` (see :func:`shardsim.specs.from_partition_spec`)."""
         from .specs import from_partition_spec
 

@@ -15,8 +15,8 @@ shardsim layout              ``PartitionSpec``                DTensor placements
 ``[B, D_YX]``                ``P(None, ("Y", "X"))``          refused: placements split in mesh order
 ===========================  ===============================  =====================================
 
-Without JAX installed, :func:`to_partition_spec` returns this module's :class:`PartitionSpec`,
-a tuple with one entry per dimension and an ``unreduced`` set, as JAX's is. torch is never
+Without JAX installed, :func:`to_partition_spec` returns this module's :class:`PartitionSpec`:
+a tuple of JAX's entries, one per dimension, with JAX's ``unreduced`` set. torch is never
 imported: :class:`Shard`, :class:`Replicate` and :class:`Partial` are small classes named as
 DTensor names them, and :func:`from_placements` also reads DTensor's own by their names.
 
@@ -78,9 +78,9 @@ SpecEntry = str | tuple[str, ...] | None
 class PartitionSpec(tuple):  # type: ignore[type-arg]  # entries are None, str or tuples of str
     """One entry per dimension (``None``, an axis name, a tuple of axis names), and ``unreduced``.
 
-    The shape of ``jax.sharding.PartitionSpec`` (a tuple subclass with an ``unreduced`` set of
-    partial-sum axes), for when JAX is not installed. It equals a plain tuple of its entries
-    when it has no unreduced axes.
+    What ``jax.sharding.PartitionSpec`` holds (its entries, and an ``unreduced`` set of
+    partial-sum axes), for when JAX is not installed: a tuple of the entries, equal to a plain
+    tuple when it has no unreduced axes.
 
     >>> PartitionSpec("X", None, ("Y", "Z"), unreduced={"W"})
     PartitionSpec('X', None, ('Y', 'Z'), unreduced={'W'})
@@ -147,7 +147,7 @@ def to_partition_spec(layout: Layout | str) -> Any:
 
 
 def from_partition_spec(
-    spec: Sequence[Any], mesh: Mesh, *, names: Sequence[str] | str | None = None, ndim: int | None = None
+    spec: Iterable[Any], mesh: Mesh, *, names: Sequence[str] | str | None = None, ndim: int | None = None
 ) -> Layout:
     """The layout a ``PartitionSpec`` (JAX's, this module's, or a plain tuple) gives on ``mesh``.
 
@@ -159,7 +159,7 @@ def from_partition_spec(
     >>> from_partition_spec(P(("Y", "X"), unreduced={"Z"}), Mesh(X=2, Y=2, Z=2), ndim=2)
     Layout('[d0_YX, d1]{U_Z}')
     """
-    if isinstance(spec, str) or not isinstance(spec, Sequence):
+    if isinstance(spec, str) or not hasattr(spec, "__iter__"):  # JAX's own PartitionSpec is no Sequence
         raise LayoutParseError(
             f"a PartitionSpec is a sequence with one entry per dimension, e.g. P('X', None); got {spec!r}"
         )
