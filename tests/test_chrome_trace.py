@@ -194,3 +194,13 @@ def test_records_make_a_dataframe() -> None:
     t = run("tp", ss.Mesh(Y=2)).trace
     frame = pd.DataFrame(t.to_records())
     assert len(frame) == len(t.events) and frame["sent_bytes"].sum() == t.total("sent_bytes")
+
+
+def test_args_are_strict_json(tmp_path) -> None:
+    """JSON has no inf or nan (trace viewers refuse them); NumPy numbers and tuples become plain."""
+    from shardsim.tracing import TraceSlice, write_chrome_trace
+
+    args = {"phase": "forward", "intensity": float("inf"), "flops": np.int64(8), "axes": ("X", "Y")}
+    write_chrome_trace([TraceSlice("compute", "m", "forward", 0.0, 1.0, args)], tmp_path / "t.json", "p")
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert leaves(doc)[0]["args"] == {"phase": "forward", "intensity": "inf", "flops": 8, "axes": ["X", "Y"]}

@@ -99,12 +99,12 @@ def check_scheme(
             why = f"the scheme raised {type(e).__name__}: {e}"
             if isinstance(e, ShardingError):
                 why += "\n  (if the scheme cannot take such inputs, narrow the cases: axis_sizes=, sizes=, options=)"
-            raise AssertionError(_report(the_scheme.name, k, case, why)) from e
+            raise AssertionError(_report(the_scheme, k, case, why)) from e
         bad = [c for c in run.checks if not c[3]]
         if bad:
             name, err, tol, _ = bad[0]
             why = f"{name} differs from the reference: max abs error {err:.3g} > tolerance {tol:.3g}"
-            raise AssertionError(_report(the_scheme.name, k, case, why))
+            raise AssertionError(_report(the_scheme, k, case, why))
         runs.append(run)
     return runs
 
@@ -125,12 +125,15 @@ def _draw_mesh(
     return {a: sizes[a] for a in axes}
 
 
-def _report(name: str, k: int, case: Mapping[str, Any], why: str) -> str:
+def _report(scheme: Scheme, k: int, case: Mapping[str, Any], why: str) -> str:
+    from . import strategies
+
     shown = ", ".join(f"{key}={value!r}" for key, value in case.items())
+    registered = scheme.name in strategies.names() and strategies.get(scheme.name) is scheme
     return (
-        f"check_scheme({name!r}): case {k}: {why}\n"
+        f"check_scheme({scheme.name!r}): case {k}: {why}\n"
         f"  inputs: {shown}\n"
-        f"  repeat it: shardsim.cli.run_demo(scheme, {shown})"
+        f"  repeat it: shardsim.cli.run_demo({repr(scheme.name) if registered else 'scheme'}, {shown})"
     )
 
 

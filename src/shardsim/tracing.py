@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import dataclasses
 import json
+import math
 import os
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -248,10 +249,10 @@ def write_chrome_trace(
             for s in run:
                 events.append(_x(s.name, "collective" if s.network else "compute", tid, s.start_us, s.end_us, s.args))
             run_start = i
-    doc = {"traceEvents": events, "displayTimeUnit": "ns"}
+    doc = {"traceEvents": [{**e, "args": _plain(e["args"])} for e in events], "displayTimeUnit": "ns"}
     if path is not None:
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(doc, f, default=_plain)
+            json.dump(doc, f, allow_nan=False)
     return doc
 
 
@@ -267,10 +268,20 @@ def _us(t: float) -> float | int:
 
 
 def _plain(value: Any) -> Any:
-    """JSON for the odd value in ``args`` (a NumPy number)."""
+    """``args`` as strict JSON: tuples as lists, NumPy numbers as Python's, inf and nan as text.
+
+    >>> _plain({"axes": ("X",), "flops": np.int64(4), "intensity": float("inf")})
+    {'axes': ['X'], 'flops': 4, 'intensity': 'inf'}
+    """
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
     if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no inf or nan, and trace viewers refuse them
+    return value
 
 
 def _event_track(e: Event) -> str:
