@@ -167,7 +167,7 @@ def test_a_trace_takes_the_time_line_made_from_it() -> None:
 
 
 def test_overlapping_slices_on_one_track_go_to_a_second_lane() -> None:
-    from shardsim.tracing import TraceSlice, write_chrome_trace
+    from shardsim.trace_events import TraceSlice, write_chrome_trace
 
     a, b, c = (TraceSlice("comm X", n, "forward", t0, t1, {"phase": "forward"}) for n, t0, t1 in
                (("a", 0.0, 10.0), ("b", 5.0, 12.0), ("c", 10.0, 11.0)))  # fmt: skip
@@ -198,9 +198,29 @@ def test_records_make_a_dataframe() -> None:
 
 def test_args_are_strict_json(tmp_path) -> None:
     """JSON has no inf or nan (trace viewers refuse them); NumPy numbers and tuples become plain."""
-    from shardsim.tracing import TraceSlice, write_chrome_trace
+    from shardsim.trace_events import TraceSlice, write_chrome_trace
 
     args = {"phase": "forward", "intensity": float("inf"), "flops": np.int64(8), "axes": ("X", "Y")}
     write_chrome_trace([TraceSlice("compute", "m", "forward", 0.0, 1.0, args)], tmp_path / "t.json", "p")
     doc = json.loads((tmp_path / "t.json").read_text())
     assert leaves(doc)[0]["args"] == {"phase": "forward", "intensity": "inf", "flops": 8, "axes": ["X", "Y"]}
+
+
+def test_several_programs_go_in_one_file_a_process_each(tmp_path) -> None:
+    """What ``--chrome-trace`` writes for a demo of several schemes, or a trace beside its time line."""
+    from shardsim.trace_events import export_chrome_trace
+
+    mesh = ss.Mesh(X=2, Y=2)
+    traces = {n: run(n, mesh).trace for n in ("ddp", "fsdp_tp")}
+    shape_only = {k: ss.ShapeDtype(v.shape, "bfloat16") for k, v in mlp.init(512, 2048).items()}
+    x = ss.ShapeDtype((1024, 512), "bfloat16")
+    tl = timeline_of(ss.run_strategy("fsdp", ss.Mesh(X=4), shape_only, x, x).trace, "tpu-v5e", ss.Mesh(X=4))
+    doc = export_chrome_trace({**traces, "fsdp on v5e": tl}, tmp_path / "all.json")
+    assert json.loads((tmp_path / "all.json").read_text()) == doc
+    processes = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
+    assert processes == {1: "ddp", 2: "fsdp_tp", 3: "fsdp on v5e"}
+    for pid, program in zip(processes, [*traces.values(), tl]):
+        alone = program.to_chrome_trace()
+        mine = [e for e in doc["traceEvents"] if e["pid"] == pid]
+        assert [{**e, "pid": 1} for e in mine[1:]] == alone["traceEvents"][1:]  # the same, under its own pid
+        check_format({"traceEvents": mine})

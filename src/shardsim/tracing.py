@@ -16,8 +16,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import json
-import math
 import os
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -31,6 +29,7 @@ from .errors import ShardingError
 if TYPE_CHECKING:
     from .array import ShardedArray
     from .cost.timeline import Timeline
+    from .trace_events import TraceSlice
 
 _phase: contextvars.ContextVar[str] = contextvars.ContextVar("shardsim_phase", default="forward")
 _active: contextvars.ContextVar[tuple[Trace, ...]] = contextvars.ContextVar("shardsim_traces", default=())
@@ -150,7 +149,8 @@ class Trace:
         FLOPs, layouts: :meth:`to_records`) are its slice's ``args``. Without ``timeline`` time is
         event order (event ``i`` takes 1 µs from ``i`` µs); with the cost model's time line of this
         trace (:func:`shardsim.cost.timeline_of`) events take their place and length on it.
-        Returns the JSON document; ``path`` None writes no file.
+        Returns the JSON document; ``path`` None writes no file. Several traces and time lines go
+        in one file with :func:`shardsim.trace_events.export_chrome_trace`.
 
         >>> import numpy as np, shardsim
         >>> w = shardsim.shard(np.ones((8, 8), np.float32), shardsim.Mesh(X=4), "D_X F").named("W")
@@ -160,25 +160,32 @@ class Trace:
         >>> [(e["name"], e["ts"], e["dur"]) for e in doc["traceEvents"] if e["ph"] == "X"]
         [('forward', 0, 1), ('all_gather X W', 0, 1)]
         """
+        from .trace_events import write_chrome_trace
+
+        return write_chrome_trace(self.chrome_slices(timeline), path, "shardsim trace")
+
+    def chrome_slices(self, timeline: Timeline | None = None) -> list[TraceSlice]:
+        """The slices :meth:`to_chrome_trace` exports: one per event, in event order or on ``timeline``."""
+        from .trace_events import TraceSlice
+
         records = self.to_records()
         if timeline is None:
-            slices = [
+            return [
                 TraceSlice(_event_track(e), _event_name(e), e.phase, e.index, e.index + 1, r, e.is_collective)
                 for e, r in zip(self.events, records)
             ]
-        else:
-            slices = []
-            for b in timeline.bars:
-                if b.index >= len(self.events) or self.events[b.index].op != b.op:
-                    raise ShardingError(
-                        f"the time line's bar {b.index} ({b.op}) is no event of this trace; pass the time line "
-                        "made from this trace: shardsim.cost.timeline_of(trace, hardware, mesh)"
-                    )
-                e = self.events[b.index]
-                args = {**records[b.index], "start_s": b.start, "end_s": b.end, "hidden_s": b.hidden}
-                us = (b.start * 1e6, b.end * 1e6)
-                slices.append(TraceSlice(b.stream, _event_name(e), e.phase, *us, args, not b.is_compute))
-        return write_chrome_trace(slices, path, "shardsim trace")
+        slices = []
+        for b in timeline.bars:
+            if b.index >= len(self.events) or self.events[b.index].op != b.op:
+                raise ShardingError(
+                    f"the time line's bar {b.index} ({b.op}) is no event of this trace; pass the time line "
+                    "made from this trace: shardsim.cost.timeline_of(trace, hardware, mesh)"
+                )
+            e = self.events[b.index]
+            args = {**records[b.index], "start_s": b.start, "end_s": b.end, "hidden_s": b.hidden}
+            us = (b.start * 1e6, b.end * 1e6)
+            slices.append(TraceSlice(b.stream, _event_name(e), e.phase, *us, args, not b.is_compute))
+        return slices
 
     def __str__(self) -> str:
         from .pictures import trace_table
@@ -191,99 +198,6 @@ class Trace:
         return trace_html(self)
 
 
-# -- Trace Event Format (Perfetto, chrome://tracing) ----------------------------------------------
-@dataclass(frozen=True)
-class TraceSlice:
-    """One slice to export: its track, name, phase, start and end in µs, and its ``args``."""
-
-    track: str
-    name: str
-    phase: str
-    start_us: float
-    end_us: float
-    args: dict[str, Any]
-    network: bool = False
-
-
-def write_chrome_trace(
-    slices: Sequence[TraceSlice], path: str | os.PathLike[str] | None, process: str
-) -> dict[str, Any]:
-    """The Trace Event Format document of ``slices`` (written to ``path`` unless None).
-
-    Each track is a thread (``tid``) of one process, chips' tracks first, then networks; slices
-    that would overlap on one track go to a second lane of it (``"comm X (2)"``), since a
-    thread's slices must nest. Each run of consecutive slices of one phase on a lane is wrapped
-    in a slice named after the phase (``cat`` ``"phase"``); times are ``X`` events in µs.
-
-    >>> a = TraceSlice("comm X", "all_gather X W", "forward", 0.0, 2.5, {"sent_bytes": 96}, network=True)
-    >>> doc = write_chrome_trace([a], None, "demo")
-    >>> [(e["ph"], e["name"], e["tid"]) for e in doc["traceEvents"]][1:]
-    [('M', 'thread_name', 1), ('M', 'thread_sort_index', 1), ('X', 'forward', 1), ('X', 'all_gather X W', 1)]
-    """
-    lanes: dict[str, list[list[TraceSlice]]] = {}
-    network: dict[str, bool] = {}
-    for s in sorted(slices, key=lambda s: (s.start_us, s.end_us)):
-        track_lanes = lanes.setdefault(s.track, [])
-        network.setdefault(s.track, s.network)
-        lane = next((ln for ln in track_lanes if ln[-1].end_us <= s.start_us), None)
-        if lane is None:
-            lane = []
-            track_lanes.append(lane)
-        lane.append(s)
-    rows = [
-        (track if k == 0 else f"{track} ({k + 1})", lane)
-        for track in sorted(lanes, key=lambda t: network[t])  # stable: chips' tracks first, by first use
-        for k, lane in enumerate(lanes[track])
-    ]
-    events: list[dict[str, Any]] = [{"ph": "M", "pid": 1, "tid": 0, "name": "process_name", "args": {"name": process}}]
-    for tid, (name, _) in enumerate(rows, 1):
-        events.append({"ph": "M", "pid": 1, "tid": tid, "name": "thread_name", "args": {"name": name}})
-        events.append({"ph": "M", "pid": 1, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
-    for tid, (_, lane) in enumerate(rows, 1):
-        run_start = 0
-        for i in range(1, len(lane) + 1):
-            if i < len(lane) and lane[i].phase == lane[run_start].phase:
-                continue
-            run = lane[run_start:i]
-            events.append(_x(run[0].phase, "phase", tid, run[0].start_us, max(s.end_us for s in run), {}))
-            for s in run:
-                events.append(_x(s.name, "collective" if s.network else "compute", tid, s.start_us, s.end_us, s.args))
-            run_start = i
-    doc = {"traceEvents": [{**e, "args": _plain(e["args"])} for e in events], "displayTimeUnit": "ns"}
-    if path is not None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(doc, f, allow_nan=False)
-    return doc
-
-
-def _x(name: str, cat: str, tid: int, start: float, end: float, args: dict[str, Any]) -> dict[str, Any]:
-    """A complete (``X``) event; times rounded to the nanosecond so a phase's end is its last slice's."""
-    ts, dur = _us(start), _us(_us(end) - _us(start))
-    return {"ph": "X", "pid": 1, "tid": tid, "name": name, "cat": cat, "ts": ts, "dur": dur, "args": args}
-
-
-def _us(t: float) -> float | int:
-    r = round(t, 3)
-    return int(r) if r == int(r) else r
-
-
-def _plain(value: Any) -> Any:
-    """``args`` as strict JSON: tuples as lists, NumPy numbers as Python's, inf and nan as text.
-
-    >>> _plain({"axes": ("X",), "flops": np.int64(4), "intensity": float("inf")})
-    {'axes': ['X'], 'flops': 4, 'intensity': 'inf'}
-    """
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # JSON has no inf or nan, and trace viewers refuse them
-    return value
-
-
 def _event_track(e: Event) -> str:
     """``chips`` / ``chips Z1`` for local work, ``network X`` / ``network X,Y Z1`` for a collective."""
     where = f" {e.where}" if e.where else ""
@@ -293,16 +207,9 @@ def _event_track(e: Event) -> str:
 
 
 def _event_name(e: Event) -> str:
+    from .trace_events import slice_name
+
     return slice_name(e.op, e.axes, e.label, e.is_collective)
-
-
-def slice_name(op: str, axes: Sequence[str], label: str, collective: bool) -> str:
-    """``all_gather X W_in``, ``matmul In @ W_in``: an exported slice's name.
-
-    >>> slice_name("all_gather", ("X", "Y"), "W_in", True), slice_name("matmul", (), "In @ W_in", False)
-    ('all_gather X,Y W_in', 'matmul In @ W_in')
-    """
-    return " ".join(p for p in (op, ",".join(axes) if collective else "", label) if p)
 
 
 @contextlib.contextmanager

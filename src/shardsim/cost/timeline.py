@@ -32,7 +32,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..mesh import Mesh
-from ..tracing import COLLECTIVES, Event, Trace, TraceSlice, slice_name, write_chrome_trace
+from ..trace_events import TraceSlice, slice_name, write_chrome_trace
+from ..tracing import COLLECTIVES, Event, Trace
 from .collectives import collective_time
 from .hardware import Hardware
 from .placement import AxisLink, Placement, place
@@ -166,7 +167,11 @@ class Timeline:
         >>> [(e["name"], e["dur"]) for e in doc["traceEvents"] if e["ph"] == "X"]
         [('forward', 745.654), ('all_gather X', 745.654)]
         """
-        slices = [
+        return write_chrome_trace(self.chrome_slices(), path, self.title or "shardsim time line")
+
+    def chrome_slices(self) -> list[TraceSlice]:
+        """The slices :meth:`to_chrome_trace` exports: one per bar, on its stream."""
+        return [
             TraceSlice(
                 b.stream,
                 slice_name(b.op, b.axes, b.label, not b.is_compute),
@@ -178,7 +183,6 @@ class Timeline:
             )
             for b in self.bars
         ]
-        return write_chrome_trace(slices, path, self.title or "shardsim time line")
 
     def __str__(self) -> str:
         return self.text()
