@@ -35,13 +35,12 @@ Layout('[B_X, D]')
 from __future__ import annotations
 
 import importlib.util
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import LayoutParseError, MeshAxisError, PartialSumError, ShapeError, ShardingError
-from .layout import Dim, Layout
+from .layout import _NAME, Dim, Layout  # _NAME: a dimension name, as layouts spell it
 from .mesh import Mesh
 
 
@@ -114,7 +113,6 @@ class PartitionSpec(tuple):  # type: ignore[type-arg]  # entries are None, str o
 
 
 P = PartitionSpec
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*")  # a dimension name, as layouts spell it
 
 
 # -- layouts <-> PartitionSpec -----------------------------------------------------------------
