@@ -66,14 +66,7 @@ class Precision:
             object.__setattr__(self, "master", resolve_dtype(self.master))
         reduce = self.compute if self.reduce is None else resolve_dtype(self.reduce)
         object.__setattr__(self, "reduce", reduce)
-        scale = self.loss_scale
-        if isinstance(scale, str):
-            if scale != "dynamic":
-                raise ShardingError(f"loss_scale must be a number, 'dynamic' or a DynamicLossScale, got {scale!r}")
-            scale = DynamicLossScale()
-        elif not isinstance(scale, DynamicLossScale):
-            scale = check_scale(scale)
-        object.__setattr__(self, "loss_scale", scale)
+        object.__setattr__(self, "loss_scale", _scale_policy(self.loss_scale))
 
     @classmethod
     def of(
@@ -97,7 +90,7 @@ class Precision:
             base.compute,
             base.master,
             base.reduce if reduce is None else reduce,
-            base.loss_scale if loss_scale is None else loss_scale,
+            base.loss_scale if loss_scale is None else _scale_policy(loss_scale),
         )
 
     @property
@@ -153,3 +146,14 @@ class Precision:
         else:
             scale = f", loss scale {self.loss_scale:g}" if self.loss_scale != 1 else ""
         return f"compute {self.compute}{master}, reduce {self.reduce}{scale}"
+
+
+def _scale_policy(scale: Any) -> float | DynamicLossScale:
+    """A loss scale as given: a number (static), ``"dynamic"`` or a :class:`DynamicLossScale`."""
+    if isinstance(scale, DynamicLossScale):
+        return scale
+    if isinstance(scale, str):
+        if scale != "dynamic":
+            raise ShardingError(f"loss_scale must be a number, 'dynamic' or a DynamicLossScale, got {scale!r}")
+        return DynamicLossScale()
+    return check_scale(scale)

@@ -627,7 +627,12 @@ def _place(value: Any, mesh: Mesh, layout: str, dtype: np.dtype, label: str, cat
     """``value`` (global array or ShapeDtype) in ``dtype`` and ``layout``, in a buffer of its own."""
     if isinstance(value, ShapeDtype):
         return shard(ShapeDtype(value.shape, dtype), mesh, layout, label=label, category=category)
-    return _owned(shard(np.asarray(value).astype(dtype, copy=False), mesh, layout), label, category)
+    if isinstance(value, ShardedArray):
+        raise ShardingError(f"{label} must be a global NumPy array, got {value.describe()}; pass value.to_global()")
+    a = np.asarray(value)
+    if a.dtype.kind not in "biuf":
+        raise ShardingError(f"{label} must hold real numbers, got an array of dtype {a.dtype}")
+    return _owned(shard(a.astype(dtype, copy=False), mesh, layout), label, category)
 
 
 def _owned(x: ShardedArray, label: str | None, category: str) -> ShardedArray:
