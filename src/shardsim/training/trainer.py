@@ -212,8 +212,11 @@ class Trainer:
         if self.scheme.check_shapes is not None:
             self.scheme.check_shapes(self._blocks[0], x, target)
         undo: list[_Undo] = []
+        # float16 overflows are expected here and handled: the step checks its gradients and skips
+        quiet = np.errstate(over="ignore", invalid="ignore") if self.precision.checks_overflow else None
         try:
-            return self._step(x, target, undo)
+            with quiet or contextlib.nullcontext():
+                return self._step(x, target, undo)
         except BaseException as e:
             # Release what the aborted step made (the traceback's frames hold it), then undo.
             if e.__traceback__ is not None and e.__traceback__.tb_next is not None:
