@@ -305,7 +305,9 @@ class Trainer:
                 grads.clear()
                 return layouts, True
             del values
-        undo.extend(self._undo_entries(replaced=gather is not None))
+        if gather is not None:  # the AllGathers after the update can fail: keep what undoes it
+            undo.extend(self._undo_entries())
+        # else nothing after the first in-place update can fail: no collective, no allocation
         step = self.step_count + 1
         for i in range(len(grads)):
             g, grads[i] = grads[i], {}
@@ -334,14 +336,14 @@ class Trainer:
                 del sliced
         return layouts, False
 
-    def _undo_entries(self, replaced: bool) -> list[_Undo]:
-        """What puts every state value back: a copy of each value the update changes in place;
-        for the weights a ZeRO-1/2 step replaces (``replaced``), their own untouched blocks."""
+    def _undo_entries(self) -> list[_Undo]:
+        """What puts a ZeRO-1/2 trainer's state back: a copy of each value the update changes in
+        place (moments, masters); for the weights the AllGather replaces, their untouched blocks."""
         entries = []
         for path, holder, key in self._state_slots():
             value = holder[key]
             data = None if value.is_shape_only else value.compact()
-            if replaced and path[0] == "params":
+            if path[0] == "params":
                 entries.append(_Undo(holder, key, None, _spec_of(value), value.uid, data))
             else:
                 entries.append(_Undo(holder, key, value, None, value.uid, None if data is None else data.copy()))
