@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -179,7 +179,7 @@ def AdamW(  # noqa: N802 - reads as the optimizer's name
 Optimizer = SGD | Adam
 
 
-def get(name: str, lr: float | None = None, **kwargs: float) -> Optimizer:
+def get(name: str, lr: float | None = None, **kwargs: Any) -> Optimizer:
     """An optimizer by name: ``sgd``, ``momentum`` (SGD with momentum 0.9), ``adam``, ``adamw``.
 
     >>> get("momentum", lr=0.1)

@@ -81,7 +81,7 @@ class Precision:
             base = spec
         elif isinstance(spec, str) and spec in _NAMES:
             compute, master = _NAMES[spec]
-            base = cls(compute, master)
+            base = cls(resolve_dtype(compute), None if master is None else resolve_dtype(master))
         else:
             raise ShardingError(
                 f"unknown precision {spec!r}; choose one of {sorted(_NAMES)} or pass a shardsim.training.Precision"
@@ -133,7 +133,8 @@ class Precision:
         >>> Precision.of("bf16").formula_name
         'mixed'
         """
-        if self.mixed and self.compute.itemsize == 2 and self.master.itemsize == 4 and self.reduce.itemsize == 2:
+        master = self.master
+        if master is not None and self.compute.itemsize == 2 and master.itemsize == 4 and self.reduce.itemsize == 2:
             return "mixed"
         if not self.mixed and self.compute.itemsize == 4 and self.reduce.itemsize == 4:
             return "fp32"
