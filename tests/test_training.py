@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import shardsim as ss
 from shardsim import mlp
 from shardsim.dtypes import tolerance
-from shardsim.training import SGD, Adam, AdamW, Precision, Trainer, train_step
+from shardsim.training import SGD, Adam, AdamW, Precision, Trainer, optim, train_step
 from strategies_core import MLP_SCHEMES, scheme_meshes
 from training_reference import Bound, Opt, _step, gradient_rel_error, train, weight_ulp
 
@@ -190,9 +190,9 @@ def test_unknown_names() -> None:
     with pytest.raises(ss.ShardingError, match="unknown optimizer 'adagrad'; choose one of"):
         Trainer("ddp", ss.Mesh(X=2), params, "adagrad")
     with pytest.raises(ss.ShardingError, match="unknown optimizer 'lion'"):
-        ss.training.optim.get("lion")
+        optim.get("lion")
     with pytest.raises(ss.ShardingError, match=r"optimizer 'adam' has no option\(s\) \['momentum'\]"):
-        ss.training.optim.get("adam", momentum=0.9)
+        optim.get("adam", momentum=0.9)
     with pytest.raises(ss.ShardingError, match=r"optimizer must be shardsim\.training\.SGD, Adam or AdamW"):
         Trainer("ddp", ss.Mesh(X=2), params, object())
     with pytest.raises(ss.ShardingError, match="unknown scheme 'zero4'"):
