@@ -27,8 +27,9 @@ PRECISIONS = {
     "bf16": {"precision": "bf16"},
     "fp16": {"precision": "fp16", "loss_scale": DynamicLossScale(init_scale=2.0**12, growth_interval=2)},
 }
-FAULTS = (ss.ChipFailureError, ss.OutOfMemoryError)
 B, D, F = 8, 8, 16
+FAULTS = (ss.ChipFailureError, ss.OutOfMemoryError)
+BAD_INPUTS = (np.full((B, D), "a"), np.ones((B, D), complex), np.ones((B, D + 1)), None)  # as x
 
 
 def mesh_for(scheme: str) -> ss.Mesh:
@@ -75,7 +76,7 @@ def faulty_step(t: Trainer, x: np.ndarray, y: np.ndarray, events: int, kind: str
     precision=st.sampled_from(sorted(PRECISIONS)),
     adam=st.booleans(),
     depth=st.sampled_from([None, 2]),
-    kind=st.sampled_from(KINDS),
+    kind=st.sampled_from([*KINDS, "input"]),
     fault_step=st.integers(1, 2),
     data=st.data(),
 )
@@ -89,7 +90,13 @@ def test_a_step_that_raises_changes_nothing_and_its_retry_equals_an_uninterrupte
         x, y = batch(step)
         want = ref.step(x, y)
         got = None
-        if step == fault_step:
+        if step == fault_step and kind == "input":
+            bad = data.draw(st.sampled_from(BAD_INPUTS), label="bad input")
+            before = trainer_state(faulty)
+            with pytest.raises(ss.ShardingError):
+                faulty.step(bad, y)
+            assert same_state(trainer_state(faulty), before)
+        elif step == fault_step:
             # any point of the step; half the time one in its optimizer phase, where the state changes
             late = [e.index + 1 for e in want.trace.events if e.phase == "optimizer"]
             anywhere = st.integers(0, len(want.trace.events))
