@@ -129,3 +129,16 @@ def test_the_running_scale_is_part_of_the_trainer_state(tmp_path) -> None:
 def test_loss_scale_options_that_make_no_sense(make, match: str) -> None:
     with pytest.raises(ss.ShardingError, match=match):
         make()
+
+
+@pytest.mark.parametrize("scheme", ["zero1", "zero2", "fsdp_tp"])
+def test_a_shape_only_float16_step_traces_the_same_program(scheme: str) -> None:
+    params = mlp.init(16, 32)
+    x = np.full((8, 16), 0.01, np.float32)
+    shapes = {k: ss.ShapeDtype(v.shape, v.dtype) for k, v in params.items()}
+    spec = ss.ShapeDtype(x.shape, x.dtype)
+    data = fp16_trainer(scheme, params, "dynamic").step(x, 0 * x)
+    shape_only = fp16_trainer(scheme, shapes, "dynamic").step(spec, spec)
+    assert not data.skipped and "all_reduce" in [op for op, _ in data.trace.collectives("optimizer")]  # found_inf
+    assert data.trace.collectives() == shape_only.trace.collectives()
+    assert data.trace.total("sent_bytes") == shape_only.trace.total("sent_bytes")

@@ -132,7 +132,8 @@ def found_inf(grads: Iterable[ShardedArray], mesh: Mesh, label: str) -> bool:
 
     Each chip counts 1 if a block it holds has a non-finite value (a partial sum ``[N]{U_...}``
     of one float32 per chip); the AllReduce gives every chip the total. The trace event is
-    labelled ``label`` and the outcome (``inf/NaN found: step skipped`` or ``finite``).
+    labelled ``label`` and the outcome (``inf/NaN found: step skipped`` or ``finite``). A
+    shape-only run records the same AllReduce (labelled ``label`` alone) and finds nothing.
 
     >>> import numpy as np, shardsim
     >>> mesh = shardsim.Mesh(X=2)
@@ -143,13 +144,18 @@ def found_inf(grads: Iterable[ShardedArray], mesh: Mesh, label: str) -> bool:
     >>> t.collectives(), t.events[0].label
     ([('all_reduce', ('X',))], 'found_inf: inf/NaN found, step skipped')
     """
+    grads = list(grads)
+    layout = Layout((Dim("N"),), tuple(mesh.axis_names))
+    if any(g.is_shape_only for g in grads):  # no values to check; the program still has the AllReduce
+        flag = ShardedArray(mesh, layout, (1,), np.dtype(np.float32), label="found_inf")
+        all_reduce(flag, tuple(mesh.axis_names), label=label)
+        return False
     nm = len(mesh.shape)
     flags = np.zeros(mesh.shape, bool)
     for g in grads:
         c = np.asarray(g.compact())
         bad = ~np.isfinite(c.reshape(c.shape[:nm] + (-1,))).all(axis=-1)  # per chip (1 where replicated)
         flags |= np.broadcast_to(bad, mesh.shape)
-    layout = Layout((Dim("N"),), tuple(mesh.axis_names))
     label += ": inf/NaN found, step skipped" if flags.any() else ": finite"
     per_chip = from_local(flags.astype(np.float32)[..., None], mesh, layout, label="found_inf")
     total = all_reduce(per_chip, tuple(mesh.axis_names), label=label)

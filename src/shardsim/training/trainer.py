@@ -299,8 +299,7 @@ class Trainer:
                 grads[i] = reduce_gradients(scheme, ctx, grads[i])
             layouts = {k: str(v.layout) for k, v in grads[0].items()}
             values = [g for block in grads for g in block.values()]
-            shape_only = any(g.is_shape_only for g in values)
-            if not shape_only and found_inf(values, self.mesh, f"found_inf (loss scale {scale:g})"):
+            if found_inf(values, self.mesh, f"found_inf (loss scale {scale:g})"):
                 del values
                 grads.clear()
                 return layouts, True
