@@ -1,7 +1,9 @@
-"""Activation functions and their derivatives, on plain NumPy arrays.
+"""Activation functions and their derivatives, written once against the array API standard.
 
 The same functions serve the single-device reference and every chip of a sharded run, so a
-scheme and its oracle can differ only by how the sums are split, never by the maths.
+scheme and its oracle can differ only by how the sums are split, never by the maths. They
+take the array's own namespace (``x.__array_namespace__()``: NumPy for the stacked engine,
+``jax.numpy`` inside ``shard_map``), so every engine runs the same code.
 
 >>> import numpy as np
 >>> from shardsim.activations import get
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -25,16 +28,22 @@ _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
 _GELU_C = 0.044715
 
 
+def namespace(x: Any) -> Any:
+    """The array API namespace of ``x`` (NumPy for NumPy arrays and scalars)."""
+    get = getattr(x, "__array_namespace__", None)
+    return np if get is None else get()
+
+
 def _identity(x: np.ndarray) -> np.ndarray:
     return x
 
 
 def _ones(x: np.ndarray) -> np.ndarray:
-    return np.ones_like(x)
+    return namespace(x).ones_like(x)
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
-    return np.maximum(x, 0).astype(x.dtype, copy=False)
+    return namespace(x).maximum(x, 0).astype(x.dtype, copy=False)
 
 
 def _relu_grad(x: np.ndarray) -> np.ndarray:
@@ -44,12 +53,12 @@ def _relu_grad(x: np.ndarray) -> np.ndarray:
 def _gelu(x: np.ndarray) -> np.ndarray:
     # tanh form (Hendrycks & Gimpel), the one GPT-2 and Megatron use
     inner = _SQRT_2_OVER_PI * (x + _GELU_C * x**3)
-    return (0.5 * x * (1.0 + np.tanh(inner))).astype(x.dtype, copy=False)
+    return (0.5 * x * (1.0 + namespace(x).tanh(inner))).astype(x.dtype, copy=False)
 
 
 def _gelu_grad(x: np.ndarray) -> np.ndarray:
     inner = _SQRT_2_OVER_PI * (x + _GELU_C * x**3)
-    t = np.tanh(inner)
+    t = namespace(x).tanh(inner)
     d_inner = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_C * x**2)
     return (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * d_inner).astype(x.dtype, copy=False)
 
