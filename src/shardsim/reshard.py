@@ -44,8 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _blocks, collectives
-from .array import ShardedArray, _parse, local_shape_of, read_only, shard
+from . import _blocks, collectives, engines
+from .array import ShardedArray, _parse, local_shape_of, shard
 from .errors import ChipFailureError, PartialSumError, ShapeError, ShardingError
 from .layout import Dim, Layout
 from .mesh import Mesh
@@ -345,7 +345,7 @@ def local_slice(
     if not x.is_shape_only:
         nm = len(x.mesh.shape)
         pos = [x.mesh.axis_index(a) for a in axes_t]
-        data = read_only(_blocks.split_local(x.compact(), nm, pos, [x.mesh.axis_size(a) for a in axes_t], i))
+        data = engines.active().local_slice(x.compact(), nm, pos, axes_t, [x.mesh.axis_size(a) for a in axes_t], i)
     out = ShardedArray(x.mesh, layout, x.global_shape, x.dtype, data, label=label or x.label, category=x.category)
     record(
         "slice",

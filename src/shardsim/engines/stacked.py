@@ -89,6 +89,11 @@ class Engine:
     def ppermute(self, c: Any, positions: Sequence[int], names: tuple[str, ...], src_of: Sequence[int]) -> Any:
         raise NotImplementedError
 
+    def local_slice(
+        self, c: Any, nm: int, positions: Sequence[int], names: tuple[str, ...], sizes: Sequence[int], dim: int
+    ) -> Any:
+        raise NotImplementedError
+
 
 class StackedEngine(Engine):
     """Every chip's block in one NumPy array; a collective moves blocks between leading dims.
@@ -163,6 +168,14 @@ class StackedEngine(Engine):
         lead = y.shape[: len(positions)]
         flat = y.reshape((math.prod(lead),) + y.shape[len(positions) :])
         return np.moveaxis(flat[list(src_of)].reshape(y.shape), front, list(positions))
+
+    def local_slice(
+        self, c: np.ndarray, nm: int, positions: Sequence[int], names: tuple[str, ...], sizes: Sequence[int], dim: int
+    ) -> np.ndarray:
+        """Each chip keeps its piece of block dimension ``dim``, cut over mesh dims ``positions`` (read-only)."""
+        out = _blocks.split_local(c, nm, positions, sizes, dim).view()
+        out.flags.writeable = False  # a view of the sliced value's blocks: reading it must not change them
+        return out
 
 
 STACKED = StackedEngine()
