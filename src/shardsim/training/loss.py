@@ -33,6 +33,17 @@ def mse(out: ShardedArray, target: ShardedArray, *, scale: float = 1.0) -> tuple
     The loss is summed in float32 at least (16-bit squares would lose it); ``dOut`` has
     ``out``'s dtype and layout. A shape-only run gives ``None`` for the loss.
     """
+    total, dout = mse_terms(out, target, scale=scale)
+    if total.is_shape_only:
+        return None, dout
+    return float(np.asarray(total.to_global())) / math.prod(out.global_shape), dout
+
+
+def mse_terms(out: ShardedArray, target: ShardedArray, *, scale: float = 1.0) -> tuple[ShardedArray, ShardedArray]:
+    """``(sum of squares, dOut)``: :func:`mse`'s steps, with the loss still a sharded scalar (times ``B·D``).
+
+    An engine that runs the step as one program (JAX) returns the scalar from it.
+    """
     n = math.prod(out.global_shape)
     diff = subtract(out, target, label="Out - Target")  # 1. local: every chip its own block
     dout = (diff * diff.dtype.type(2.0 * scale / n)).named("dOut")  # 2. dOut = 2 (Out - Target) / n: local
@@ -44,6 +55,4 @@ def mse(out: ShardedArray, target: ShardedArray, *, scale: float = 1.0) -> tuple
     total = squares.named("loss")
     if total.layout.partial:
         total = all_reduce(total, total.layout.partial, label="loss")  # 3. AllReduce: one number
-    if total.is_shape_only:
-        return None, dout
-    return float(np.asarray(total.to_global())) / n, dout
+    return total, dout
