@@ -396,7 +396,9 @@ def _read_block(folder: Folder, plan: _Plan, b: _Block, st: os.stat_result, out:
             else:
                 raise ValueError(f"unknown .npy version {version}")
             start = f.tell()
-        except (ValueError, OSError, EOFError, SyntaxError, TypeError) as e:
+        except OSError as e:
+            raise CheckpointError(f"{what}: cannot read file {b.file}: {_files.cause(e)}") from None
+        except Exception as e:  # the header is parsed from damaged text: tokenize, ast, ValueError...
             raise CheckpointError(f"{what}: file {b.file} is not a valid .npy file: {e}") from None
         same_order = dtype == plan.stored
         if (

@@ -57,7 +57,10 @@ def save(directory: str | os.PathLike[str], state: State) -> Path:
     }
     _check_size(root, index)
     try:
-        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            root.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # exist_ok covers directories only
+            raise CheckpointError(f"cannot write checkpoint {root}: {root.parent} is a file, not a directory") from None
         with _files.locked(root.parent) as held:
             old = _existing(root)
             _write_and_swap(root, index, plans, old)
