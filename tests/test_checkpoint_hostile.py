@@ -336,11 +336,17 @@ def test_strays_of_interrupted_saves_are_cleaned_by_the_next_save(tmp_path: Path
 
 # -- a load running beside saves never sees damage -------------------------------------------------
 def states(mesh: shardsim.Mesh, n: int) -> list[tuple[np.ndarray, dict]]:
+    """``n`` states told apart by their step, a ShardedArray (so that this runs on any version)."""
     out = []
     for k in range(n):
         w = np.random.default_rng(k).standard_normal((16, 8)).astype(np.float32)
-        out.append((w, {"w": shardsim.shard(w, mesh, "A_X B"), "b": shardsim.shard(w[0], mesh, "B_X"), "step": k}))
+        step = shardsim.shard(np.array([k]), mesh, "N")
+        out.append((w, {"w": shardsim.shard(w, mesh, "A_X B"), "b": shardsim.shard(w[0], mesh, "B_X"), "step": step}))
     return out
+
+
+def step_of(state: dict) -> int:
+    return int(state["step"].to_global()[0])
 
 
 def test_a_save_between_reading_the_index_and_the_blocks_is_not_damage(
@@ -361,7 +367,7 @@ def test_a_save_between_reading_the_index_and_the_blocks_is_not_damage(
 
     monkeypatch.setattr(_load, "_stat_block", save_in_between)
     got = checkpoint.load(path, mesh)
-    assert saves and got["step"] == 1 and same_bits(got["w"].to_global(), w1)
+    assert saves and step_of(got) == 1 and same_bits(got["w"].to_global(), w1)
 
 
 def test_loads_beside_a_thread_that_keeps_saving_see_whole_checkpoints(tmp_path: Path) -> None:
@@ -382,17 +388,18 @@ def test_loads_beside_a_thread_that_keeps_saving_see_whole_checkpoints(tmp_path:
 
     saver = threading.Thread(target=keep_saving, daemon=True)
     saver.start()
-    seen = set()
+    seen, loads, deadline = set(), 0, time.monotonic() + 60
     try:
-        for _ in range(150):
+        while (saves[0] < 10 or loads < 50) and time.monotonic() < deadline and not errors:
+            loads += 1
             got = checkpoint.load(path, mesh)
-            w, _ = pool[got["step"]]
+            w, _ = pool[step_of(got)]
             assert same_bits(got["w"].to_global(), w) and same_bits(got["b"].to_global(), w[0])
-            seen.add(got["step"])
+            seen.add(step_of(got))
     finally:
         stop.set()
         saver.join()
-    assert errors == [] and saves[0] >= 20 and len(seen) == 3  # the loads did run beside many saves
+    assert errors == [] and saves[0] >= 10 and len(seen) > 1  # the loads did run beside many saves
 
 
 # -- every value that saves, loads -----------------------------------------------------------------
