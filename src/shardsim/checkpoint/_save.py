@@ -237,8 +237,10 @@ def _index_files(root: Path, what: str) -> set[str]:
         index = _index.json.loads(text)
     except (CheckpointError, ValueError, RecursionError):
         raise refuse from None
-    version = index.get("version") if isinstance(index, dict) else None
-    if index.get("format") != _index.FORMAT or isinstance(version, bool) or not isinstance(version, int):
+    if not isinstance(index, dict) or index.get("format") != _index.FORMAT:
+        raise refuse
+    version = index.get("version")
+    if isinstance(version, bool) or not isinstance(version, int):
         raise refuse
     entries = set(os.listdir(root))
     own = {n for n in _index.block_names(index) if _files.BLOCK_NAME.fullmatch(n)}
