@@ -236,7 +236,11 @@ def locked(parent: Path) -> Iterator[bool]:
 
     Saves into one directory take turns, so one never cleans up another's files in progress.
     """
-    fd = os.open(parent, _DIR)
+    try:
+        fd = os.open(parent, _DIR)
+    except OSError:  # a parent we may write but not list: save unlocked
+        yield False
+        return
     try:
         held = False
         if fcntl is not None:
