@@ -744,3 +744,61 @@ def test_a_save_killed_at_any_moment_leaves_a_whole_checkpoint(
     assert same_bits(got["w"].to_global(), np.full((64, 256), float(got["k"])))
     checkpoint.save(path, {"k": 9})  # the next save sweeps what the killed one left
     assert os.listdir(tmp) == ["c"] and checkpoint.load(path, mesh) == {"k": 9}
+
+
+# -- property: every value that saves, loads as itself ----------------------------------------------
+AXIS_NAMES = ["X", "Y", "XY", "data", "model", "αβ", "pipe"]
+plain = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=8),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(st.text(min_size=1, max_size=4).filter(lambda k: "/" not in k), inner, max_size=3),
+    ),
+    max_leaves=10,
+)
+
+
+def identical(a: Any, b: Any) -> bool:
+    """Equal with the same types all the way down; NaN equals NaN, -0.0 is not 0.0."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(identical(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(identical(u, v) for u, v in zip(a, b))
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    return bool(a == b)
+
+
+@seed(11)
+@budget(40)
+@given(data=st.data(), meta=plain)
+def test_any_value_and_any_axis_names_round_trip_exactly(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject, meta: Any
+) -> None:
+    names = data.draw(st.lists(st.sampled_from(AXIS_NAMES), min_size=1, max_size=3, unique=True), "axes")
+    mesh = shardsim.Mesh({a: data.draw(st.integers(1, 3)) for a in names})
+    rank = data.draw(st.integers(0, 2), "rank")
+    slots: list[list[str]] = [[] for _ in range(rank)]
+    for a in data.draw(st.permutations(names)):
+        where = data.draw(st.integers(-1, rank - 1))
+        if where >= 0:
+            slots[where].append(a)
+    lay = Layout(tuple(Dim("ABC"[i], tuple(s)) for i, s in enumerate(slots)))
+    shape = tuple(math.prod(mesh.axis_size(a) for a in s) * data.draw(st.integers(0, 2)) for s in slots)
+    full = some(data.draw(st.sampled_from(DTYPES), "dtype"), shape)
+    x = shardsim.shard(full, mesh, lay)
+    path = checkpoint.save(tmp_path_factory.mktemp("any") / "c", {"x": x, "meta": meta})
+    got = checkpoint.load(path, mesh)
+    assert got["x"].layout == lay and same_bits(np.asarray(got["x"].blocks()), np.asarray(x.blocks()))
+    assert identical(got["meta"], meta)
+    other = checkpoint.load(path, shardsim.Mesh(Q=2), layouts={"x": Layout(tuple(Dim(d.name) for d in lay.dims))})
+    assert same_bits(other["x"].to_global(), full)
