@@ -43,9 +43,12 @@ INDEX = "index.json"
 # The names ``save`` gives block files; ``load`` opens nothing else (no path separators, no
 # leading dot, no NUL, bounded length).
 BLOCK_NAME = re.compile(r"[A-Za-z0-9_~-][A-Za-z0-9_.~-]{0,199}\.npy")
+# POSIX flags (getattr: the module still imports where one is missing).
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
-_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NONBLOCK | _CLOEXEC
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_READ = os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC
+DIRECTORY = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
+_DIR = DIRECTORY | getattr(os, "O_NONBLOCK", 0)
 
 
 def cause(e: BaseException) -> str:
@@ -214,7 +217,7 @@ class BlockWriter:
 
 def create(dir_fd: int, name: str) -> int:
     """A new file ``name`` in the directory ``dir_fd``, for writing (never an existing one)."""
-    return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o644, dir_fd=dir_fd)
+    return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | _CLOEXEC, 0o644, dir_fd=dir_fd)
 
 
 def fsync_dir(path: Path) -> None:
@@ -289,7 +292,7 @@ def remove(directory: Path, names: Iterable[str]) -> None:
     Anything else in it stays, and so does the directory: only a checkpoint's own files go.
     """
     try:
-        fd = os.open(directory, _DIR | os.O_NOFOLLOW)
+        fd = os.open(directory, _DIR | NOFOLLOW)
     except OSError:
         return
     try:

@@ -252,7 +252,7 @@ def _write_and_swap(root: Path, index: dict[str, Any], plans: list[_Plan], old: 
     tmp = root.parent / f".{root.name}.tmp-{uuid.uuid4().hex[:12]}"
     os.mkdir(tmp)
     try:
-        dir_fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        dir_fd = os.open(tmp, _files.DIRECTORY)
         try:
             for plan in plans:
                 for entry, (file, block) in zip(plan.meta["blocks"], plan.blocks):
