@@ -113,6 +113,8 @@ class Trainer:
     number), ``"dynamic"`` or a :class:`~shardsim.training.scaling.DynamicLossScale`.
     ``optimizer`` is an optimizer or its name (``sgd``, ``momentum``, ``adam``, ``adamw``).
     ``recompute`` keeps only each block's input and runs its forward again in the backward pass.
+    ``engine="jax"`` runs each step as one jitted ``shard_map`` program on JAX devices
+    (:mod:`shardsim.training.jax_step`; ``pip install 'shardsim[jax]'``).
 
     ``step_count`` counts the updates applied (Adam's ``t``); ``skipped_steps`` the steps
     skipped for inf/NaN gradients; ``scale`` is the running loss scale.
@@ -137,6 +139,7 @@ class Trainer:
         residual: bool = False,
         recompute: bool = False,
         axes: Mapping[str, str] | None = None,
+        engine: str = "numpy",
         **options: Any,
     ) -> None:
         self.scheme = strategies.get(scheme) if isinstance(scheme, str) else scheme
@@ -185,6 +188,7 @@ class Trainer:
             self.master.append(masters)
             self.moments.append(moments)
         self._blocks = [{k: _spec(v) for k, v in b.items()} for b in self._blocks]  # shapes only from here on
+        self._engine_step = _engine_step(engine, self)
 
     # -- the step ---------------------------------------------------------------------------
     def step(self, x: Any, target: Any) -> StepResult:
@@ -211,6 +215,8 @@ class Trainer:
         """
         if self.scheme.check_shapes is not None:
             self.scheme.check_shapes(self._blocks[0], x, target)
+        if self._engine_step is not None:  # the whole step as one program on another engine
+            return self._engine_step(x, target)
         undo: list[_Undo] = []
         # float16 overflows are expected here and handled: the step checks its gradients and skips
         quiet = np.errstate(over="ignore", invalid="ignore") if self.precision.checks_overflow else None
@@ -353,14 +359,8 @@ class Trainer:
         if self.precision.mixed:
             return self.master[i][k]
         w = self.params[i][k]
-        want = Layout.parse(self.state_layouts[k], self.mesh.axis_names)
-        if w.layout == want:
-            return w
-        for d, (have, need) in enumerate(zip(w.layout.dims, want.dims)):
-            extra = need.axes[len(have.axes) :]
-            if extra:  # ZeRO-1/2 in float32: the weights are their own master; take my slice
-                w = local_slice(w, extra, d)
-        return _owned(w, w.label, "params")
+        mine = state_slice(w, self.state_layouts[k])
+        return w if mine is w else _owned(mine, w.label, "params")
 
     # -- reading the state -----------------------------------------------------------------
     @property
@@ -548,6 +548,23 @@ def train_step(
 
 
 # -- helpers -------------------------------------------------------------------------------
+def state_slice(w: ShardedArray, layout: str) -> ShardedArray:
+    """The part of weights ``w`` each chip updates: ``w`` itself, or under ZeRO-1/2 its slice of the
+    optimizer state's ``layout`` (a local slice, no communication; the weights are their own master).
+
+    >>> import numpy as np, shardsim
+    >>> w = shardsim.shard(np.ones((4, 2)), shardsim.Mesh(X=2), "D F")
+    >>> state_slice(w, "[D_X, F]").layout
+    Layout('[D_X, F]')
+    """
+    want = Layout.parse(layout, w.mesh.axis_names)
+    for d, (have, need) in enumerate(zip(w.layout.dims, want.dims)):
+        extra = need.axes[len(have.axes) :]
+        if extra:
+            w = local_slice(w, extra, d)
+    return w
+
+
 @dataclass
 class _Undo:
     """One state value as it was before a step changed it: the value itself and a copy of its
@@ -582,6 +599,17 @@ def _roll_back(mesh: Mesh, undo: list[_Undo]) -> None:
                 u.holder[u.key] = ShardedArray(m, layout, shape, dtype, u.data, label=label, category=category)
     finally:
         ledger.capacity = capacity
+
+
+def _engine_step(engine: str, trainer: Trainer) -> Any:
+    """None for the stacked NumPy engine; for ``"jax"``, the jitted step of :mod:`.jax_step`."""
+    if engine == "numpy":
+        return None
+    if engine == "jax":
+        from .jax_step import JaxStep
+
+        return JaxStep(trainer)
+    raise ShardingError(f"engine must be 'numpy' or 'jax', got {engine!r}")
 
 
 def _optimizer(optimizer: Any) -> Optimizer:
