@@ -8,7 +8,8 @@ Token embedding (plus learned positions), then per pre-norm block
 
 then the final norm, the LM head (``embed.T`` when tied) and the mean softmax cross-entropy
 over all ``B*S`` tokens. The backward pass is derived by hand piece by piece
-(:mod:`shardsim.models.reference_pieces`) and held to finite differences in the tests.
+(:mod:`~shardsim.models.reference_pieces`, :mod:`~shardsim.models.reference_attention`) and
+held to finite differences in the tests.
 
 Dropout runs only when ``cfg.dropout > 0`` and a ``dropout_seed`` is given; its masks come
 from :func:`dropout_mask` on the global shapes.
@@ -30,16 +31,20 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import resolve_dtype
-from ..errors import ConfigError, ShapeError
 from .config import TransformerConfig
-from .reference_pieces import (
-    SITE_INDEX,
-    SITES,
+from .inputs import check_inputs, check_params
+from .reference_attention import (
     attention,
     attention_backward,
     attention_forward,
     attention_grads,
     attention_probs,
+    rope,
+    rope_backward,
+)
+from .reference_pieces import (
+    SITE_INDEX,
+    SITES,
     compute_dtype,
     cross_entropy,
     cross_entropy_backward,
@@ -51,8 +56,6 @@ from .reference_pieces import (
     layer_norm_backward,
     rms_norm,
     rms_norm_backward,
-    rope,
-    rope_backward,
     swiglu,
     swiglu_backward,
 )
@@ -121,72 +124,6 @@ def init(cfg: TransformerConfig, seed: int = 0, dtype: Any = "float32") -> Param
     return params
 
 
-def check_params(cfg: TransformerConfig, params: Params) -> None:
-    """Raise :class:`ShapeError` unless ``params`` has exactly the weights of ``cfg``, shaped as listed.
-
-    >>> from shardsim.models import get
-    >>> cfg = get("gpt-tiny")
-    >>> check_params(cfg, init(cfg)) is None
-    True
-    """
-    shapes = cfg.param_shapes()
-    missing = [k for k in shapes if k not in params]
-    extra = [k for k in params if k not in shapes]
-    if missing or extra:
-        raise ShapeError(
-            f"params do not match the config {cfg.name or 'TransformerConfig'}: missing {missing[:4]}, unexpected "
-            f"{extra[:4]}; build them with shardsim.models.reference.init(cfg) or from cfg.param_shapes()"
-        )
-    for name, shape in shapes.items():
-        got = np.shape(params[name])
-        if got != shape:
-            raise ShapeError(
-                f"param {name!r} has shape {got}, but the config {cfg.name or 'TransformerConfig'} needs {shape}; "
-                f"build params with shardsim.models.reference.init(cfg) or from cfg.param_shapes()"
-            )
-
-
-def _check_ids(cfg: TransformerConfig, ids: Any, what: str) -> np.ndarray:
-    arr = np.asarray(ids)
-    if arr.ndim != 2 or arr.dtype.kind not in "iu":
-        raise ShapeError(f"{what} must be an integer array [B, S], got dtype {arr.dtype} and shape {arr.shape}")
-    if arr.shape[1] > cfg.seq:
-        raise ConfigError(
-            f"{what} have sequence length {arr.shape[1]}, longer than the config's seq={cfg.seq}; "
-            f"pass at most {cfg.seq} tokens per row or use cfg.scaled(seq={arr.shape[1]})"
-        )
-    bad = (arr < 0) | (arr >= cfg.vocab)
-    if bad.any():
-        where = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ConfigError(
-            f"{what}{list(where)} = {int(arr[where])} is outside the vocabulary [0, {cfg.vocab}); "
-            f"{int(bad.sum())} entries are; map them into range or use cfg.scaled(vocab=...)"
-        )
-    return arr
-
-
-def check_inputs(
-    cfg: TransformerConfig, params: Params, tokens: Any, targets: Any = None
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """``tokens`` (and ``targets``) as int arrays ``[B, S]``, after checking them and ``params`` against ``cfg``.
-
-    >>> from shardsim.models import get
-    >>> cfg = get("gpt-tiny")
-    >>> check_inputs(cfg, init(cfg), [[1, 2, 99]])
-    Traceback (most recent call last):
-    ...
-    shardsim.errors.ConfigError: tokens[0, 2] = 99 is outside the vocabulary [0, 64); ...
-    """
-    check_params(cfg, params)
-    tok = _check_ids(cfg, tokens, "tokens")
-    if targets is None:
-        return tok, None
-    tgt = _check_ids(cfg, targets, "targets")
-    if tgt.shape != tok.shape:
-        raise ShapeError(f"targets have shape {tgt.shape} but tokens {tok.shape}; give one target per token")
-    return tok, tgt
-
-
 # -- forward -----------------------------------------------------------------------------------
 def _norm(cfg: TransformerConfig, params: Params, prefix: str, x: np.ndarray) -> np.ndarray:
     if cfg.norm == "layernorm":
@@ -194,7 +131,9 @@ def _norm(cfg: TransformerConfig, params: Params, prefix: str, x: np.ndarray) ->
     return rms_norm(x, params[f"{prefix}.gamma"], cfg.norm_eps)
 
 
-def _norm_backward(cfg: TransformerConfig, params: Params, prefix: str, x: np.ndarray, dy: np.ndarray, grads: Params):
+def _norm_backward(
+    cfg: TransformerConfig, params: Params, prefix: str, x: np.ndarray, dy: np.ndarray, grads: Params
+) -> np.ndarray:
     """Add the norm's weight gradients to ``grads``; return ``dx``."""
     if cfg.norm == "layernorm":
         dx, grads[f"{prefix}.gamma"], grads[f"{prefix}.beta"] = layer_norm_backward(
@@ -306,7 +245,9 @@ def loss(
 
 
 # -- backward ----------------------------------------------------------------------------------
-def _block_backward(cfg: TransformerConfig, params: Params, i: int, c: Cache, dx: np.ndarray, grads: Params):
+def _block_backward(
+    cfg: TransformerConfig, params: Params, i: int, c: Cache, dx: np.ndarray, grads: Params
+) -> np.ndarray:
     """Block ``i``'s weight gradients into ``grads``; return the cotangent of its input."""
     p, masks, (b, s) = f"layers.{i}", c["masks"], c["x"].shape[:2]
     dm = dropout(dx, masks["mlp_out"], cfg.dropout)

@@ -1,19 +1,15 @@
 """The transformer's pieces on plain NumPy arrays, each with its hand-derived backward pass.
 
-The single-device reference (:mod:`shardsim.models.reference`) is built from these, and a
-sharded program can hold each of its own pieces to them. Shapes: ``x [B, S, D]``, queries
-``q [B, S, N, H]``, keys and values ``k, v [B, S, K, H]``, attention probabilities
-``[B, N, S, S]`` (query rows, key columns), logits ``[..., V]``.
-
-Softmax and cross-entropy run in float32 (float64 when an input is float64); everything else
-keeps the inputs' dtype.
+The single-device reference (:mod:`shardsim.models.reference`) is built from these and from
+:mod:`shardsim.models.reference_attention`, and a sharded program can hold each of its own
+pieces to them. Shapes: ``x [B, S, D]``, logits ``[..., V]``. Cross-entropy runs in float32
+(float64 when an input is float64); everything else keeps the inputs' dtype.
 
 >>> import numpy as np
->>> rng = np.random.default_rng(0)
->>> q, k, v = rng.standard_normal((1, 3, 2, 4)), rng.standard_normal((1, 3, 1, 4)), rng.standard_normal((1, 3, 1, 4))
->>> o = attention(q, k, v)  # two query heads share one kv head (multi-query)
->>> o.shape, bool(np.allclose(o[0, 0, 1], v[0, 0, 0]))  # the first token sees only itself
-((1, 3, 2, 4), True)
+>>> x = np.random.default_rng(0).standard_normal((2, 3, 8))
+>>> y = layer_norm(x, np.ones(8), np.zeros(8))
+>>> bool(np.allclose(y.mean(-1), 0)), bool(np.allclose(y.std(-1), 1, atol=1e-4))
+(True, True)
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ import numpy as np
 
 from .. import norm as _norm
 from ..activations import get as _activation
-from ..errors import ConfigError, ShapeError
+from ..errors import ConfigError
 
 SITES = ("attn_probs", "attn_out", "mlp_out")
 SITE_INDEX = {site: i for i, site in enumerate(SITES)}
@@ -165,204 +161,6 @@ def swiglu_backward(gate: np.ndarray, up: np.ndarray, dy: np.ndarray) -> tuple[n
     """
     sig = _sigmoid(gate)
     return dy * up * (sig * (1.0 + gate * (1.0 - sig))), dy * gate * sig
-
-
-# -- rotary position embedding -----------------------------------------------------------------
-def _rotation(positions: np.ndarray, head_dim: int, theta: float, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """``cos, sin [S, 1, H/2]`` of angle ``position * theta^(-2j/H)`` (Su et al. 2021)."""
-    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    angle = np.asarray(positions, dtype=np.float64)[:, None, None] * inv_freq
-    return np.cos(angle).astype(dtype), np.sin(angle).astype(dtype)
-
-
-def rope(x: np.ndarray, positions: np.ndarray, theta: float = 10000.0) -> np.ndarray:
-    """Rotary embedding of ``x [B, S, heads, H]`` by ``positions [S]``, half-split pairs.
-
-    Pairs ``(x[j], x[j + H/2])`` rotate by ``position * theta^(-2j/H)``: the GPT-NeoX and Llama
-    convention. A rotation, so the dot product of two rotated vectors depends only on the
-    difference of their positions.
-
-    >>> x = np.ones((1, 2, 1, 4))
-    >>> bool(np.allclose(rope(x, np.arange(2))[0, 0], x[0, 0]))  # position 0 is not rotated
-    True
-    """
-    if x.shape[-1] % 2:
-        raise ShapeError(f"rope needs an even head dimension, got {x.shape[-1]} (x of shape {x.shape})")
-    cos, sin = _rotation(positions, x.shape[-1], theta, x.dtype)
-    x1, x2 = np.split(x, 2, axis=-1)
-    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-
-
-def rope_backward(dy: np.ndarray, positions: np.ndarray, theta: float = 10000.0) -> np.ndarray:
-    """The rotation's transpose: ``dy`` rotated back by the same angles.
-
-    >>> x = np.random.default_rng(0).standard_normal((1, 3, 2, 4))
-    >>> bool(np.allclose(rope_backward(rope(x, np.arange(3)), np.arange(3)), x))
-    True
-    """
-    cos, sin = _rotation(positions, dy.shape[-1], theta, dy.dtype)
-    d1, d2 = np.split(dy, 2, axis=-1)
-    return np.concatenate([d1 * cos + d2 * sin, d2 * cos - d1 * sin], axis=-1)
-
-
-# -- attention ---------------------------------------------------------------------------------
-def _grouped(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``q [B, K, G, S, H]``, ``k, v [B, K, 1, S, H]``: query head ``n = k*G + g`` uses kv head ``k``."""
-    if q.ndim != 4 or k.shape != v.shape or k.ndim != 4 or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
-        raise ShapeError(
-            f"attention takes q [B, S, N, H] and k, v [B, S, K, H] with equal B, S, H; got q {q.shape}, "
-            f"k {k.shape}, v {v.shape}"
-        )
-    b, s, n, h = q.shape
-    kv = k.shape[2]
-    if n % kv:
-        raise ShapeError(f"attention: {n} query heads do not divide into groups over {kv} kv heads (q {q.shape})")
-    qg = q.reshape(b, s, kv, n // kv, h).transpose(0, 2, 3, 1, 4)
-    return qg, k.transpose(0, 2, 1, 3)[:, :, None], v.transpose(0, 2, 1, 3)[:, :, None]
-
-
-def _probabilities(
-    qg: np.ndarray, kg: np.ndarray, causal: bool, positions: np.ndarray | None, dtype: np.dtype
-) -> np.ndarray:
-    """Softmax of ``q k^T / sqrt(H)`` over the keys, ``[B, K, G, S, S]``, in ``dtype``."""
-    s, h = qg.shape[-2], qg.shape[-1]
-    scores = (qg.astype(dtype, copy=False) @ kg.astype(dtype, copy=False).swapaxes(-1, -2)) * dtype.type(h**-0.5)
-    if causal:
-        pos = np.arange(s) if positions is None else np.asarray(positions)
-        if pos.shape != (s,):
-            raise ShapeError(f"attention: positions must be [S] = [{s}], got shape {pos.shape}")
-        scores = np.where(pos[None, :] <= pos[:, None], scores, -np.inf)  # key position <= query position
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    e = np.exp(scores)
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def _keep_grouped(keep: np.ndarray | None, qg: np.ndarray) -> np.ndarray | None:
-    """The ``[B, N, S, S]`` probability keep-mask as ``[B, K, G, S, S]``."""
-    return None if keep is None else keep.reshape(qg.shape[:3] + keep.shape[-2:])
-
-
-def _ungroup(og: np.ndarray) -> np.ndarray:
-    """``[B, K, G, S, H]`` back to ``[B, S, N, H]``."""
-    b, kv, g, s, h = og.shape
-    return og.transpose(0, 3, 1, 2, 4).reshape(b, s, kv * g, h)
-
-
-def attention_probs(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = True, positions: np.ndarray | None = None
-) -> np.ndarray:
-    """The attention probabilities ``[B, N, S, S]`` (query rows, key columns), in float32/float64.
-
-    >>> p = attention_probs(*[np.zeros((1, 3, 2, 4))] * 3)
-    >>> p.shape, p[0, 0, 2].tolist()
-    ((1, 2, 3, 3), [0.3333333333333333, 0.3333333333333333, 0.3333333333333333])
-    """
-    qg, kg, _ = _grouped(q, k, v)
-    p = _probabilities(qg, kg, causal, positions, compute_dtype(q, k, v))
-    return p.reshape(q.shape[0], q.shape[2], q.shape[1], q.shape[1])
-
-
-Saved = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, "np.ndarray | None", float]
-
-
-def attention_forward(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    *,
-    causal: bool = True,
-    positions: np.ndarray | None = None,
-    keep: np.ndarray | None = None,
-    p: float = 0.0,
-) -> tuple[np.ndarray, Saved]:
-    """:func:`attention`'s output and what :func:`attention_grads` reads (the probabilities included).
-
-    >>> x = np.ones((1, 2, 2, 4))
-    >>> o, saved = attention_forward(x, x, x)
-    >>> o.shape, saved[3].shape  # the probabilities, grouped [B, K, G, S, S]
-    ((1, 2, 2, 4), (1, 2, 1, 2, 2))
-    """
-    qg, kg, vg = _grouped(q, k, v)
-    dt = compute_dtype(q, k, v)
-    probs = _probabilities(qg, kg, causal, positions, dt)
-    keep_g = _keep_grouped(keep, qg)
-    o = _ungroup(dropout(probs, keep_g, p) @ vg.astype(dt, copy=False)).astype(q.dtype, copy=False)
-    return o, (qg, kg, vg, probs, keep_g, p)
-
-
-def attention(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    *,
-    causal: bool = True,
-    positions: np.ndarray | None = None,
-    dropout_keep: np.ndarray | None = None,
-    dropout_p: float = 0.0,
-) -> np.ndarray:
-    """Scaled dot-product attention, multi-head, grouped-query or multi-query: ``o [B, S, N, H]``.
-
-    ``softmax(q k^T / sqrt(H)) @ v`` per head; query head ``n`` reads kv head ``n // (N // K)``.
-    ``causal`` masks keys whose position is after the query's; ``positions [S]`` gives each
-    row's position (default ``arange(S)``; a context-parallel program passes its permuted
-    order). ``dropout_keep [B, N, S, S]`` drops attention probabilities with probability
-    ``dropout_p``. The softmax runs in float32 (float64 for float64 inputs).
-
-    >>> rng = np.random.default_rng(1)
-    >>> q, k, v = (rng.standard_normal((2, 5, 4, 8)) for _ in range(3))
-    >>> o = attention(q, k[:, :, :2], v[:, :, :2])  # 4 query heads over 2 kv heads
-    >>> bool(np.allclose(o[:, :, 1], attention(q[:, :, 1:2], k[:, :, :1], v[:, :, :1])[:, :, 0]))
-    True
-    """
-    return attention_forward(q, k, v, causal=causal, positions=positions, keep=dropout_keep, p=dropout_p)[0]
-
-
-def attention_backward(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    do: np.ndarray,
-    *,
-    causal: bool = True,
-    positions: np.ndarray | None = None,
-    dropout_keep: np.ndarray | None = None,
-    dropout_p: float = 0.0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(dq, dk, dv)`` for the output cotangent ``do [B, S, N, H]``; the probabilities are recomputed.
-
-    With ``P = softmax(Z)``, ``Z = q k^T / sqrt(H)``, ``P' = drop(P)``, ``o = P' v``:
-    ``dv = P'^T do`` (summed over a kv head's group), ``dP = drop(do v^T)``,
-    ``dZ = P * (dP - rowsum(dP * P))``, ``dq = dZ k / sqrt(H)``, ``dk = dZ^T q / sqrt(H)``.
-
-    >>> x = np.random.default_rng(0).standard_normal((1, 4, 2, 8))
-    >>> [g.shape for g in attention_backward(x, x[:, :, :1], x[:, :, :1], x)]
-    [(1, 4, 2, 8), (1, 4, 1, 8), (1, 4, 1, 8)]
-    """
-    _, saved = attention_forward(q, k, v, causal=causal, positions=positions, keep=dropout_keep, p=dropout_p)
-    return attention_grads(saved, do)
-
-
-def attention_grads(saved: Saved, do: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The backward pass of :func:`attention` from what :func:`attention_forward` saved.
-
-    >>> x = np.ones((1, 2, 2, 4))
-    >>> [g.shape for g in attention_grads(attention_forward(x, x[:, :, :1], x[:, :, :1])[1], x)]
-    [(1, 2, 2, 4), (1, 2, 1, 4), (1, 2, 1, 4)]
-    """
-    qg, kg, vg, probs, keep, p = saved
-    dt = probs.dtype
-    b, kv, g, s, h = qg.shape
-    dog = do.reshape(b, s, kv, g, h).transpose(0, 2, 3, 1, 4).astype(dt, copy=False)
-    dv = (dropout(probs, keep, p).swapaxes(-1, -2) @ dog).sum(axis=2)
-    dprobs = dropout(dog @ vg.astype(dt, copy=False).swapaxes(-1, -2), keep, p)
-    dz = probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True)) * dt.type(h**-0.5)
-    dq = _ungroup(dz @ kg.astype(dt, copy=False))
-    dk = (dz.swapaxes(-1, -2) @ qg.astype(dt, copy=False)).sum(axis=2)
-    return (
-        dq.astype(qg.dtype, copy=False),
-        dk.transpose(0, 2, 1, 3).astype(kg.dtype, copy=False),
-        dv.transpose(0, 2, 1, 3).astype(vg.dtype, copy=False),
-    )
 
 
 # -- loss --------------------------------------------------------------------------------------
