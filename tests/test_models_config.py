@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -231,3 +233,27 @@ def test_bad_config_names_the_field(changes: dict[str, object], words: str) -> N
 def test_models_is_reachable_from_the_package() -> None:
     assert shardsim.models.get("gpt-tiny") == get("gpt-tiny")
     assert shardsim.ConfigError is ConfigError
+
+
+# -- the docs page's table is the code's ------------------------------------------------------
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "transformer.md"
+
+
+def test_docs_preset_table_is_what_the_configs_give() -> None:
+    rows = {}
+    for line in DOCS.read_text(encoding="utf-8").splitlines():
+        m = re.match(r"\| `([\w.-]+)` \|(.*)\|", line)
+        if m:
+            rows[m.group(1)] = [c.strip() for c in m.group(2).split("|")]
+    assert sorted(rows) == sorted(names())
+    for name, cells in rows.items():
+        c = get(name)
+        numbers = [int(x.replace(",", "")) for x in cells[:9]]
+        assert numbers == [c.layers, c.d_model, c.heads, c.n_kv, c.hd, c.d_ff, c.vocab, c.seq, c.param_count()], name
+
+
+def test_docs_example_runs() -> None:
+    code = DOCS.read_text(encoding="utf-8").split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict[str, object] = {}
+    exec(compile(code, "docs/transformer.md", "exec"), scope)
+    assert isinstance(scope["loss"], float) and sorted(scope["grads"]) == sorted(scope["params"])  # type: ignore[call-overload]

@@ -61,8 +61,8 @@ def _check_ids(cfg: TransformerConfig, ids: Any, what: str) -> np.ndarray:
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ConfigError(
-            f"{what}{list(where)} = {int(arr[where])} is outside the vocabulary [0, {cfg.vocab}); "
-            f"{int(bad.sum())} entries are; map them into range or use cfg.scaled(vocab=...)"
+            f"{what}{list(where)} = {int(arr[where])} is outside the vocabulary [0, {cfg.vocab}) "
+            f"({int(bad.sum())} of {arr.size} out of range); map them into range or use cfg.scaled(vocab=...)"
         )
     return arr
 
@@ -77,7 +77,7 @@ def check_inputs(
     >>> check_inputs(cfg, {k: np.zeros(s) for k, s in cfg.param_shapes().items()}, [[1, 2, 99]])
     Traceback (most recent call last):
     ...
-    shardsim.errors.ConfigError: tokens[0, 2] = 99 is outside the vocabulary [0, 64); ...
+    shardsim.errors.ConfigError: tokens[0, 2] = 99 is outside the vocabulary [0, 64) (1 of 3 out of range); ...
     """
     check_params(cfg, params)
     tok = _check_ids(cfg, tokens, "tokens")

@@ -201,8 +201,8 @@ def _head_weight(cfg: TransformerConfig, params: Params) -> np.ndarray:
 
 def _run(
     cfg: TransformerConfig, params: Params, tokens: np.ndarray, seed: int | None
-) -> tuple[np.ndarray, list[Cache], np.ndarray]:
-    """``(logits, per-block caches, final-norm input)`` for checked ``tokens``."""
+) -> tuple[np.ndarray, list[Cache], np.ndarray, np.ndarray]:
+    """``(logits, per-block caches, final-norm input, final-norm output)`` for checked ``tokens``."""
     b, s = tokens.shape
     x = params["embed"][tokens]
     if cfg.position == "learned":
@@ -213,8 +213,8 @@ def _run(
         caches.append(cache)
     w = _head_weight(cfg, params)
     dt = compute_dtype(x, w)  # logits in float32, float64 for float64 params
-    logits = _norm(cfg, params, "final_norm", x).astype(dt, copy=False) @ w.astype(dt, copy=False)
-    return logits, caches, x
+    hf = _norm(cfg, params, "final_norm", x)
+    return hf.astype(dt, copy=False) @ w.astype(dt, copy=False), caches, x, hf
 
 
 def forward(cfg: TransformerConfig, params: Params, tokens: Any, *, dropout_seed: int | None = None) -> np.ndarray:
@@ -286,12 +286,11 @@ def loss_and_grads(
     """
     tok, tgt = check_inputs(cfg, params, tokens, targets)
     assert tgt is not None  # check_inputs returns targets when given them
-    logits, caches, x = _run(cfg, params, tok, dropout_seed)
+    logits, caches, x, hf = _run(cfg, params, tok, dropout_seed)
     value = cross_entropy(logits, tgt)
     dlogits = cross_entropy_backward(logits, tgt)
     grads: Params = {}
     w = _head_weight(cfg, params)
-    hf = _norm(cfg, params, "final_norm", x)
     d, v = w.shape
     dw = hf.reshape(-1, d).astype(dlogits.dtype, copy=False).T @ dlogits.reshape(-1, v)
     dx = _norm_backward(cfg, params, "final_norm", x, (dlogits @ w.T.astype(dlogits.dtype)).astype(x.dtype), grads)
