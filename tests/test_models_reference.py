@@ -7,8 +7,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from finite_differences import numeric_grad
+from fuzz_budget import budget
 from shardsim.errors import ConfigError, ShapeError
 from shardsim.models import TransformerConfig, get
 from shardsim.models import reference as ref
@@ -419,3 +422,89 @@ def test_init_is_seeded_and_follows_the_weight_list() -> None:
     assert {k: v.shape for k, v in a.items()} == cfg.param_shapes()
     assert all(np.array_equal(a[k], b[k]) for k in a) and not np.allclose(a["embed"], c["embed"])
     assert a["embed"].dtype == np.float32 and c["embed"].dtype == np.float64
+
+
+# -- one block on its own ----------------------------------------------------------------------
+@pytest.mark.parametrize("row", PAIRWISE[:3], ids=lambda r: "-".join(map(str, r)))
+def test_block_grads_match_finite_differences(row: tuple[Any, ...]) -> None:
+    cfg = small(row)
+    params = ref.init(cfg, seed=4, dtype="float64")
+    rng = np.random.default_rng(5)
+    x, dy = rng.standard_normal((2, 5, cfg.d_model)), rng.standard_normal((2, 5, cfg.d_model))
+    dx, grads = ref.block_grads(cfg, params, 1, x, dy, dropout_seed=SEED)
+    assert sorted(grads) == sorted(k for k in params if k.startswith("layers.1."))
+
+    def f() -> float:
+        return float(np.sum(ref.block(cfg, params, 1, x, dropout_seed=SEED) * dy))
+
+    np.testing.assert_allclose(dx, numeric_grad(f, x), rtol=1e-6, atol=1e-8)
+    for name, g in grads.items():
+        np.testing.assert_allclose(g, numeric_grad(f, params[name]), rtol=1e-6, atol=1e-8, err_msg=name)
+
+
+def test_the_model_is_its_blocks_in_turn() -> None:
+    cfg = get("llama-tiny").scaled(dropout=0.2)
+    params = ref.init(cfg, seed=1, dtype="float64")
+    tokens, _ = data(cfg)
+    x = params["embed"][tokens]
+    for i in range(cfg.layers):
+        x = ref.block(cfg, params, i, x, dropout_seed=3)
+    h = ref.rms_norm(x, params["final_norm.gamma"], cfg.norm_eps)
+    np.testing.assert_allclose(ref.forward(cfg, params, tokens, dropout_seed=3), h @ params["lm_head"], rtol=1e-12)
+
+
+def test_block_bad_input() -> None:
+    cfg = get("gpt-tiny")
+    params = ref.init(cfg)
+    with pytest.raises(ConfigError, match=r"block 2 does not exist: the config has layers 0..1"):
+        ref.block(cfg, params, 2, np.zeros((1, 4, 32)))
+    with pytest.raises(ShapeError, match=r"x \[B, S, D\] with D = d_model = 32.*got shape \(1, 4, 16\)"):
+        ref.block(cfg, params, 0, np.zeros((1, 4, 16)))
+    with pytest.raises(ShapeError, match=r"dy has shape \(1, 3, 32\)"):
+        ref.block_grads(cfg, params, 0, np.zeros((1, 4, 32)), np.zeros((1, 3, 32)))
+
+
+# -- random sizes ------------------------------------------------------------------------------
+@st.composite
+def configs(draw: st.DrawFn) -> TransformerConfig:
+    kv = draw(st.sampled_from([1, 2, 3]))
+    heads = kv * draw(st.integers(1, 3))
+    hd = draw(st.sampled_from([2, 4]))
+    return TransformerConfig(
+        layers=draw(st.integers(1, 2)),
+        d_model=draw(st.sampled_from([4, 6, 8])),
+        heads=heads,
+        kv_heads=kv,
+        head_dim=hd,
+        d_ff=draw(st.sampled_from([4, 10])),
+        vocab=draw(st.integers(2, 13)),
+        seq=draw(st.integers(1, 6)),
+        mlp=draw(st.sampled_from(["gelu", "swiglu"])),
+        norm=draw(st.sampled_from(["layernorm", "rmsnorm"])),
+        position=draw(st.sampled_from(["learned", "rope", "none"])),
+        bias=draw(st.booleans()),
+        tie_embeddings=draw(st.booleans()),
+        dropout=draw(st.sampled_from([0.0, 0.3])),
+    )
+
+
+@budget(25)
+@given(cfg=configs(), batch=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_random_configs_forward_and_gradients(cfg: TransformerConfig, batch: int, seed: int) -> None:
+    """Random heads, kv heads, head dims, sequence and vocabulary: the loop oracle and a directional derivative."""
+    params = ref.init(cfg, seed=seed, dtype="float64")
+    rng = np.random.default_rng(seed)
+    s = int(rng.integers(1, cfg.seq + 1))
+    tokens, targets = rng.integers(0, cfg.vocab, (batch, s)), rng.integers(0, cfg.vocab, (batch, s))
+    logits = ref.forward(cfg, params, tokens, dropout_seed=seed)
+    np.testing.assert_allclose(logits, naive_logits(cfg, params, tokens, seed), rtol=1e-10, atol=1e-12)
+    _, grads = ref.loss_and_grads(cfg, params, tokens, targets, dropout_seed=seed)
+    direction = {k: rng.standard_normal(v.shape) for k, v in params.items()}
+    eps = 1e-6
+
+    def shifted(sign: float) -> float:
+        moved = {k: v + sign * eps * direction[k] for k, v in params.items()}
+        return ref.loss(cfg, moved, tokens, targets, dropout_seed=seed)
+
+    numeric = (shifted(1.0) - shifted(-1.0)) / (2 * eps)
+    assert sum(np.sum(grads[k] * direction[k]) for k in params) == pytest.approx(numeric, rel=1e-5, abs=1e-9)

@@ -42,6 +42,7 @@ from .reference_attention import (
     rope,
     rope_backward,
 )
+from .reference_block import _block_backward, _block_forward, _masks, _norm, _norm_backward, block, block_grads
 from .reference_pieces import (
     SITE_INDEX,
     SITES,
@@ -71,6 +72,8 @@ __all__ = [
     "attention_forward",
     "attention_grads",
     "attention_probs",
+    "block",
+    "block_grads",
     "check_inputs",
     "check_params",
     "compute_dtype",
@@ -124,76 +127,7 @@ def init(cfg: TransformerConfig, seed: int = 0, dtype: Any = "float32") -> Param
     return params
 
 
-# -- forward -----------------------------------------------------------------------------------
-def _norm(cfg: TransformerConfig, params: Params, prefix: str, x: np.ndarray) -> np.ndarray:
-    if cfg.norm == "layernorm":
-        return layer_norm(x, params[f"{prefix}.gamma"], params[f"{prefix}.beta"], cfg.norm_eps)
-    return rms_norm(x, params[f"{prefix}.gamma"], cfg.norm_eps)
-
-
-def _norm_backward(
-    cfg: TransformerConfig, params: Params, prefix: str, x: np.ndarray, dy: np.ndarray, grads: Params
-) -> np.ndarray:
-    """Add the norm's weight gradients to ``grads``; return ``dx``."""
-    if cfg.norm == "layernorm":
-        dx, grads[f"{prefix}.gamma"], grads[f"{prefix}.beta"] = layer_norm_backward(
-            x, params[f"{prefix}.gamma"], dy, cfg.norm_eps
-        )
-    else:
-        dx, grads[f"{prefix}.gamma"] = rms_norm_backward(x, params[f"{prefix}.gamma"], dy, cfg.norm_eps)
-    return dx
-
-
-def _linear(params: Params, w: str, b: str, x: np.ndarray) -> np.ndarray:
-    y = x @ params[w]
-    return y + params[b] if b in params else y
-
-
-def _linear_backward(params: Params, w: str, b: str, x: np.ndarray, dy: np.ndarray, grads: Params) -> np.ndarray:
-    """Add ``dW = x^T dy`` (summed over every token) and ``db`` to ``grads``; return ``dx = dy W^T``."""
-    d_in, d_out = params[w].shape
-    grads[w] = x.reshape(-1, d_in).T @ dy.reshape(-1, d_out)
-    if b in params:
-        grads[b] = dy.reshape(-1, d_out).sum(axis=0)
-    return dy @ params[w].T
-
-
-def _masks(cfg: TransformerConfig, layer: int, seed: int | None, b: int, s: int) -> dict[str, np.ndarray | None]:
-    if seed is None or cfg.dropout == 0.0:
-        return dict.fromkeys(SITES)
-    shapes = {"attn_probs": (b, cfg.heads, s, s), "attn_out": (b, s, cfg.d_model), "mlp_out": (b, s, cfg.d_model)}
-    return {site: dropout_mask(seed, layer, site, shape, cfg.dropout) for site, shape in shapes.items()}
-
-
-def _block_forward(
-    cfg: TransformerConfig, params: Params, i: int, x: np.ndarray, masks: dict[str, np.ndarray | None]
-) -> tuple[np.ndarray, Cache]:
-    """Block ``i`` on ``x [B, S, D]``: its output and what its backward pass reads."""
-    p, b, s = f"layers.{i}", x.shape[0], x.shape[1]
-    positions = np.arange(s)
-    c: Cache = {"x": x, "masks": masks}
-    c["h1"] = h1 = _norm(cfg, params, f"{p}.attn_norm", x)
-    q = _linear(params, f"{p}.attn.wq", f"{p}.attn.bq", h1).reshape(b, s, cfg.heads, cfg.hd)
-    k = _linear(params, f"{p}.attn.wk", f"{p}.attn.bk", h1).reshape(b, s, cfg.n_kv, cfg.hd)
-    v = _linear(params, f"{p}.attn.wv", f"{p}.attn.bv", h1).reshape(b, s, cfg.n_kv, cfg.hd)
-    if cfg.position == "rope":
-        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
-    o, c["attn"] = attention_forward(q, k, v, positions=positions, keep=masks["attn_probs"], p=cfg.dropout)
-    c["o"] = o = o.reshape(b, s, cfg.heads * cfg.hd)
-    c["x_mid"] = x = x + dropout(_linear(params, f"{p}.attn.wo", f"{p}.attn.bo", o), masks["attn_out"], cfg.dropout)
-    c["h2"] = h2 = _norm(cfg, params, f"{p}.mlp_norm", x)
-    if cfg.mlp == "gelu":
-        c["u"] = u = _linear(params, f"{p}.mlp.w_in", f"{p}.mlp.b_in", h2)
-        c["act"] = act = gelu(u)
-        m = _linear(params, f"{p}.mlp.w_out", f"{p}.mlp.b_out", act)
-    else:
-        c["gate"] = gate = _linear(params, f"{p}.mlp.w_gate", f"{p}.mlp.b_gate", h2)
-        c["up"] = up = _linear(params, f"{p}.mlp.w_up", f"{p}.mlp.b_up", h2)
-        c["act"] = act = swiglu(gate, up)
-        m = _linear(params, f"{p}.mlp.w_down", f"{p}.mlp.b_down", act)
-    return x + dropout(m, masks["mlp_out"], cfg.dropout), c
-
-
+# -- the model ---------------------------------------------------------------------------------
 def _head_weight(cfg: TransformerConfig, params: Params) -> np.ndarray:
     """The LM head ``[D, V]``: ``embed.T`` when tied."""
     return params["embed"].T if cfg.tie_embeddings else params["lm_head"]
@@ -242,34 +176,6 @@ def loss(
     tok, tgt = check_inputs(cfg, params, tokens, targets)
     assert tgt is not None  # check_inputs returns targets when given them
     return cross_entropy(_run(cfg, params, tok, dropout_seed)[0], tgt)
-
-
-# -- backward ----------------------------------------------------------------------------------
-def _block_backward(
-    cfg: TransformerConfig, params: Params, i: int, c: Cache, dx: np.ndarray, grads: Params
-) -> np.ndarray:
-    """Block ``i``'s weight gradients into ``grads``; return the cotangent of its input."""
-    p, masks, (b, s) = f"layers.{i}", c["masks"], c["x"].shape[:2]
-    dm = dropout(dx, masks["mlp_out"], cfg.dropout)
-    if cfg.mlp == "gelu":
-        dact = _linear_backward(params, f"{p}.mlp.w_out", f"{p}.mlp.b_out", c["act"], dm, grads)
-        dh2 = _linear_backward(params, f"{p}.mlp.w_in", f"{p}.mlp.b_in", c["h2"], gelu_backward(c["u"], dact), grads)
-    else:
-        dact = _linear_backward(params, f"{p}.mlp.w_down", f"{p}.mlp.b_down", c["act"], dm, grads)
-        dgate, dup = swiglu_backward(c["gate"], c["up"], dact)
-        dh2 = _linear_backward(params, f"{p}.mlp.w_gate", f"{p}.mlp.b_gate", c["h2"], dgate, grads)
-        dh2 = dh2 + _linear_backward(params, f"{p}.mlp.w_up", f"{p}.mlp.b_up", c["h2"], dup, grads)
-    dx = dx + _norm_backward(cfg, params, f"{p}.mlp_norm", c["x_mid"], dh2, grads)
-    da = dropout(dx, masks["attn_out"], cfg.dropout)
-    do = _linear_backward(params, f"{p}.attn.wo", f"{p}.attn.bo", c["o"], da, grads)
-    dq, dk, dv = attention_grads(c["attn"], do.reshape(b, s, cfg.heads, cfg.hd))
-    if cfg.position == "rope":
-        positions = np.arange(s)
-        dq, dk = rope_backward(dq, positions, cfg.rope_theta), rope_backward(dk, positions, cfg.rope_theta)
-    dh1 = _linear_backward(params, f"{p}.attn.wq", f"{p}.attn.bq", c["h1"], dq.reshape(b, s, -1), grads)
-    dh1 = dh1 + _linear_backward(params, f"{p}.attn.wk", f"{p}.attn.bk", c["h1"], dk.reshape(b, s, -1), grads)
-    dh1 = dh1 + _linear_backward(params, f"{p}.attn.wv", f"{p}.attn.bv", c["h1"], dv.reshape(b, s, -1), grads)
-    return dx + _norm_backward(cfg, params, f"{p}.attn_norm", c["x"], dh1, grads)
 
 
 def loss_and_grads(
