@@ -87,7 +87,8 @@ def test_gpt3_175b_accounting() -> None:
 # Llama 3: Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3 (layers, model dimension,
 # FFN dimension, heads, 8 KV heads, RoPE base 500000); vocabulary 128256 and the counts
 # 8.03B / 70.6B / 405.9B as the released checkpoints report them. Llama 2: Touvron et al. 2023,
-# Table 1 and the released configs; 6.74B and 68.98B as the released checkpoints report them.
+# Table 1 and the released configs; the paper's sizes are nominal (7B, 70B), the released
+# weights hold 6.74B and 68.98B.
 LLAMA = [
     ("llama3-8b", (32, 4096, 32, 8, 14336, 128256), 8.03e9, 1e7),
     ("llama3-70b", (80, 8192, 64, 8, 28672, 128256), 70.6e9, 1e8),

@@ -508,3 +508,11 @@ def test_random_configs_forward_and_gradients(cfg: TransformerConfig, batch: int
 
     numeric = (shifted(1.0) - shifted(-1.0)) / (2 * eps)
     assert sum(np.sum(grads[k] * direction[k]) for k in params) == pytest.approx(numeric, rel=1e-5, abs=1e-9)
+
+
+def test_init_refuses_a_full_size_preset() -> None:
+    with pytest.raises(ConfigError, match=r"init of gpt3-175b would allocate 650.5 GiB of float32.*scaled"):
+        ref.init(get("gpt3-175b"))
+    assert ref.init(get("gpt-tiny"), max_bytes=28032 * 4)["embed"].shape == (64, 32)
+    with pytest.raises(ConfigError, match="max_bytes"):
+        ref.init(get("gpt-tiny"), max_bytes=28032 * 4 - 1)

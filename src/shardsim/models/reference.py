@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import resolve_dtype
+from ..errors import ConfigError
 from .config import TransformerConfig
 from .inputs import check_inputs, check_params
 from .reference_attention import (
@@ -99,19 +100,28 @@ __all__ = [
 
 
 # -- parameters and inputs ---------------------------------------------------------------------
-def init(cfg: TransformerConfig, seed: int = 0, dtype: Any = "float32") -> Params:
+def init(cfg: TransformerConfig, seed: int = 0, dtype: Any = "float32", *, max_bytes: int = 8 * 2**30) -> Params:
     """Every weight of :meth:`TransformerConfig.param_shapes`, seeded, in ``dtype``.
 
     Matrices N(0, 1/fan_in) (embeddings N(0, 1)·0.5, so tied logits stay moderate); norm
     gains near 1 and biases and norm shifts near 0, not exactly, so a test sees their gradients.
+    Refuses (:class:`ConfigError`) to allocate more than ``max_bytes``: a published preset at
+    full size is for shape-only runs, not for arrays on this host.
 
     >>> from shardsim.models import get
     >>> p = init(get("gpt-tiny"), seed=1, dtype="float64")
     >>> p["layers.0.attn.wq"].shape, p["embed"].dtype
     ((32, 32), dtype('float64'))
     """
-    rng = np.random.default_rng(seed)
     dt = resolve_dtype(dtype)
+    size = cfg.param_count() * dt.itemsize
+    if size > max_bytes:
+        raise ConfigError(
+            f"init of {cfg.name or 'this config'} would allocate {size / 2**30:.1f} GiB of {dt} weights "
+            f"(max_bytes={max_bytes / 2**30:.1f} GiB): shrink it with cfg.scaled(layers=..., d_model=...) "
+            f"or raise max_bytes"
+        )
+    rng = np.random.default_rng(seed)
     params: Params = {}
     for name, shape in cfg.param_shapes().items():
         leaf = name.rsplit(".", 1)[-1]
