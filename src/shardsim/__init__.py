@@ -16,6 +16,7 @@ from .errors import (
     CheckpointError,
     ChipFailureError,
     CollectiveError,
+    ConfigError,
     DivisibilityError,
     DtypeError,
     LayoutParseError,
@@ -40,10 +41,20 @@ from .training import Trainer, train_step
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # shardsim.models is imported on first use, so importing shardsim stays as light as before
+    if name == "models":
+        import importlib
+
+        return importlib.import_module(".models", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "CheckpointError",
     "ChipFailureError",
     "CollectiveError",
+    "ConfigError",
     "DivisibilityError",
     "DtypeError",
     "Layout",
