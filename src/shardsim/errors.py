@@ -75,10 +75,15 @@ class CheckpointError(ShardsimError, OSError):
     """A checkpoint is missing, corrupt, or does not fit the requested mesh."""
 
 
+class CostModelError(ShardsimError, ValueError):
+    """Hardware, placement or efficiency figures the cost model cannot use as given."""
+
+
 __all__ = [
     "CheckpointError",
     "ChipFailureError",
     "CollectiveError",
+    "CostModelError",
     "DivisibilityError",
     "DtypeError",
     "LayoutParseError",
