@@ -305,11 +305,14 @@ def _lay_out(
     sizes: Mapping[str, int],
     specs: Mapping[str, AxisLink],
 ) -> dict[str, tuple[Part, ...]]:
-    """Mesh axes row-major over the slice ``shape``: last mesh axis on the last hardware axis."""
-    if math.prod(sizes.values()) != math.prod(shape):
+    """Mesh axes row-major over the slice ``shape``: last mesh axis on the last hardware axis.
+
+    A mesh smaller than the slice takes its first chips (the rest is idle).
+    """
+    if math.prod(sizes.values()) > math.prod(shape):
         raise CostModelError(
             f"the mesh puts {math.prod(sizes.values())} chips on {hardware.name}'s {name} but topology {_x(shape)} "
-            f"has {math.prod(shape)}; give a topology of as many chips"
+            f"has {math.prod(shape)}; give a topology of at least as many chips"
         )
     segments: dict[str, list[tuple[int, bool, int, int]]] = {}  # ring, wrap, stride, hardware axis
     k, room, stride = len(shape) - 1, shape[-1], 1
