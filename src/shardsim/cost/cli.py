@@ -61,8 +61,9 @@ def cli_estimate(args: argparse.Namespace) -> int:
     else:
         mesh = scheme_mesh(args.scheme, args.chips)
     batch = args.batch if args.batch is not None else args.per_chip_batch * mesh.size
+    overlap = not args.no_overlap
     est = estimate(
-        args.scheme, mesh, hw, batch, args.d_model, args.d_ff, args.layers, not args.no_overlap, efficiency=args.efficiency
+        args.scheme, mesh, hw, batch, args.d_model, args.d_ff, args.layers, overlap, efficiency=args.efficiency
     )
     print(est.summary())
     print(est.timeline.text(args.width))

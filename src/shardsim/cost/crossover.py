@@ -49,7 +49,8 @@ def crossover_both(
         key = f"{hw.name} {mode}"
         results[key] = sweep(schemes, hw, per_chip_batches, d_model, d_ff, chips=chips, layers=layers, efficiency=mode)
         critical[key] = {
-            s: critical_batch(s, hw, d_ff, d_model=d_model, chips=chips, efficiency=mode).per_chip_batch for s in schemes
+            s: critical_batch(s, hw, d_ff, d_model=d_model, chips=chips, efficiency=mode).per_chip_batch
+            for s in schemes
         }
     return results, critical
 
