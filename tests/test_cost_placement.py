@@ -7,11 +7,16 @@ wraparound) in (N - 1) (V / N) / W_uni, one-way.
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 import shardsim
+from fuzz_budget import budget
 from shardsim import CostModelError, DivisibilityError, Mesh, ShapeDtype
-from shardsim.cost import AxisLink, default_topology, estimate, get_hardware, place, timeline_of
+from shardsim.cost import AxisLink, collective_time, default_topology, estimate, get_hardware, place, timeline_of
 
 V5P = get_hardware("tpu-v5p")
 H100 = get_hardware("h100")
@@ -115,3 +120,22 @@ def test_dimensions_that_do_not_divide_are_refused_or_padded():
     exact = estimate("fsdp", Mesh(X=16), V5P, 16 * 1024, 8208, F, efficiency="ideal")
     assert padded.step_s == exact.step_s  # the padded program is what runs
     assert padded.mfu == pytest.approx(exact.mfu * 8200 / 8208)  # the padding is wasted work
+
+
+@budget(40)
+@given(st.lists(st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128]), min_size=1, max_size=3))
+def test_any_row_major_layout_on_a_slice_is_consistent(sizes):
+    # every mesh of powers of two that fits 16x16x16 lays out; each axis's rings multiply to
+    # its size, stay inside a hardware axis, and no AllGather beats three whole bidirectional
+    # rings (V / (3 W_ici)) or, on one hardware axis, one ring's V / W_ici
+    assume(math.prod(sizes) <= 4096)
+    mesh = Mesh({f"A{i}": n for i, n in enumerate(sizes)})
+    p = place(V5P, mesh, topology="16x16x16")
+    for axis, n in zip(mesh.axis_names, sizes):
+        (part,) = p.parts[axis]
+        assert math.prod(part.rings) == n
+        assert all(r * part.stride(k) <= 16 for k, r in enumerate(part.rings))
+        t = collective_time("all_gather", V, p.route(axis), "exact").bandwidth_s if n > 1 else math.inf
+        assert t >= V / (3 * W_ICI) * (1 - 1e-12)
+        if n > 1 and len([r for r in part.rings if r > 1]) == 1:
+            assert t >= V / W_ICI * (1 - 1 / n) * (1 - 1e-12)
