@@ -27,6 +27,7 @@ from shardsim.cost import (
     matmul_time,
     resolve_efficiency,
 )
+from shardsim.cost.critical import critical_table
 from shardsim.cost.crossover import crossover_both
 from shardsim.cost.measured import collective_comparison, comparison_table
 
@@ -77,9 +78,10 @@ def test_collective_curves_pass_through_their_fit_points():
     assert len(checks) >= 3  # measurements the constants were not read from
 
 
-def test_docs_table_is_what_the_code_computes():
+def test_docs_tables_are_what_the_code_computes():
     text = DOCS.read_text()
     assert comparison_table() in text
+    assert critical_table() in text
 
 
 def test_ideal_is_the_old_model_exactly():
@@ -121,8 +123,8 @@ def test_efficiency_above_peak_is_an_error():
 def test_missing_calibration_warns_naming_what_is_missing():
     with pytest.warns(CalibrationWarning, match="tpu-v5p has no measured efficiency for matmul"):
         estimate("fsdp", Mesh(X=16), "tpu-v5p", 16 * 4096, 8192, 32768)
-    with pytest.warns(CalibrationWarning, match="h100 has no measured efficiency for scaleout"):
-        estimate("fsdp", Mesh(X=16), "h100", 16 * 4096, 8192, 32768)  # two nodes
+    with pytest.warns(CalibrationWarning, match="b200 has no measured efficiency for nvlink"):
+        estimate("fsdp", Mesh(X=8), "b200", 8 * 4096, 8192, 32768)
     toy = Hardware("toy", {"bfloat16": 1e14}, 1e12, 16e9, {"net": Switched(bandwidth=1e10)})
     with pytest.warns(CalibrationWarning, match="toy has no measured efficiency for matmul, net"):
         e = estimate("ddp", Mesh(X=4), toy, 4 * 1024, 1024, 4096)

@@ -155,6 +155,35 @@ def critical_both(scheme: str, hardware: Hardware | str, d_ff: int | None = None
     )
 
 
+# (scheme, hardware, d_ff, options) of the ideal-vs-calibrated table in docs/cost-model.md
+COMPARED: tuple[tuple[str, str, int | None, dict[str, Any]], ...] = (
+    ("fsdp", "tpu-v5p", None, {}),
+    ("fsdp", "tpu-v5p", None, {"chips": 4096}),
+    ("fsdp_tp", "tpu-v5p", 32768, {"chips": 4096}),
+    ("ddp", "h100", None, {"chips": 8}),
+    ("fsdp", "h100", None, {"chips": 256}),
+    ("tp", "h100", None, {"chips": 8}),
+    ("fsdp", "a100", None, {"chips": 256}),
+    ("tp", "a100", None, {"chips": 8}),
+)
+
+
+def critical_table(cases: Sequence[tuple[str, str, int | None, dict[str, Any]]] = COMPARED) -> str:
+    """Critical batches under both models as a Markdown table (``docs/cost-model.md`` shows it)."""
+    lines = [
+        "| scheme | chip | chips | placement (calibrated) | ideal | calibrated | ratio |",
+        "|---|---|---:|---|---:|---:|---:|",
+    ]
+    for scheme, hw, d_ff, options in cases:
+        pair = critical_both(scheme, hw, d_ff, **options)
+        c = pair.calibrated
+        lines.append(
+            f"| {scheme} | {hw} | {c.mesh.size:,} | {c.placement} | {pair.ideal.per_chip_batch:,.1f} "
+            f"| {c.per_chip_batch:,.1f} | {pair.ratio:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def default_chips(hw: Hardware, scheme: str) -> int:
     """One ring of 16 TPUs or a node of 8 GPUs; for ``fsdp_tp`` a full TPU torus or 256 GPUs."""
     first = next(iter(hw.networks.values()))

@@ -198,5 +198,5 @@ def resolve_efficiency(
             ),
             stacklevel=2,
         )
-    curves = {name: c for name, c in cal.networks.items() if name in hardware.networks}
+    curves = {name: cal.networks[name] for name in used if name in cal.networks}
     return Efficiency("calibrated", cal.matmul, curves, tuple(missing))

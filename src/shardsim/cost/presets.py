@@ -40,10 +40,20 @@ HALF_INTENSITY = 119.0
 NVLINK_H100 = CollectiveEfficiency(
     373.2e9 / 450e9, half_bytes=86.3e6, source="SB gpus.md: 8xH100 AllReduce busbw 370 GB/s at ~10 GB, 150 at 58 MB"
 )
+HOPPER = {"nvlink": NVLINK_H100}
 # 8 x A100 nccl-tests all_reduce: 235 GB/s busbw of 300 GB/s one way (ml-engineering,
 # network/README); the ramp's half size is the H100 one.
 NVLINK_A100 = CollectiveEfficiency(
     235e9 / 300e9, half_bytes=86.3e6, source="ml-engineering network/README: nccl-tests all_reduce 235 GB/s on A100"
+)
+# Scale-out: NCCL busbw per NIC at 8 GB, from NCCL's maintainers: "24GB/s inter-node" per
+# 200 Gb/s HDR NIC (NVIDIA/nccl issue 412), "46-48GB/s per NIC" for 400 Gb/s NDR (nccl-tests
+# issue 290). No measured ramp: the half size is the NVLink one.
+SCALEOUT_HDR = CollectiveEfficiency(
+    24 / 25, half_bytes=86.3e6, source="NVIDIA/nccl issue 412: busbw about 24 GB/s per HDR NIC at 8 GB"
+)
+SCALEOUT_NDR = CollectiveEfficiency(
+    47 / 50, half_bytes=86.3e6, source="nccl-tests issue 290: 46-48 GB/s per NDR NIC"
 )
 # TPU v5e ICI AllGather: about 95% of the bandwidth at about 10 MB (SB sharding.md, 2025-10
 # text), so V / (V + h) = 0.95 at 10 MB: h = 526 kB. The book's two pop-quiz profiles are
@@ -177,7 +187,7 @@ _PRESETS: dict[str, Hardware] = {
             2e11,
             {"hbm_bandwidth": "SB gpus.md table 2.0e12", "flops": "312 TFLOP/s (PTD-P; SB table rounds to 3.1e14)"},
             int8=6.24e14,
-            calibration=Calibration(_mamf(271.2 / 312), {"nvlink": NVLINK_A100}),
+            calibration=Calibration(_mamf(271.2 / 312), {"nvlink": NVLINK_A100, "scaleout": SCALEOUT_HDR}),
         ),
         # SB gpus.md: GPU table, NVLink egress per GPU (one way), DGX node egress 8 x 400 Gbps
         _gpu(
@@ -189,7 +199,7 @@ _PRESETS: dict[str, Hardware] = {
             4.5e11,
             4e11,
             {"hbm_bandwidth": "gpus.md prose 3.35 TB/s (table 3.4e12); used for the book's intensity 295"},
-            calibration=Calibration(_mamf(794.5 / 989, 1402.6 / 1979), {"nvlink": NVLINK_H100}),
+            calibration=Calibration(_mamf(794.5 / 989, 1402.6 / 1979), {**HOPPER, "scaleout": SCALEOUT_NDR}),
         ),
         _gpu(
             "h200",
@@ -201,9 +211,9 @@ _PRESETS: dict[str, Hardware] = {
             4e11,
             {
                 "networks": "Hopper NVLink 4.0 as H100; DGX scale-out assumed as H100 (the book lists H100/B200)",
-                "calibration": "bf16 matmul as H100 (MAMF: 'H200 is the same'); NVLink curve of the H100",
+                "calibration": "bf16 matmul as H100 (MAMF: 'H200 is the same'); NVLink and NDR curves of the H100",
             },
-            calibration=Calibration(_mamf(794.5 / 989, 1453.4 / 1979), {"nvlink": NVLINK_H100}),
+            calibration=Calibration(_mamf(794.5 / 989, 1453.4 / 1979), {**HOPPER, "scaleout": SCALEOUT_NDR}),
         ),
         _gpu(
             "b200",
