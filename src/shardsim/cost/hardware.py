@@ -5,8 +5,9 @@ A :class:`Hardware` names its networks, innermost first: a TPU has its ICI torus
 a node and the scale-out network across nodes (both :class:`Switched`). Which mesh axis runs
 over which network is the placement (:mod:`shardsim.cost.placement`).
 
-Every preset number comes from the scaling book ("How to Scale Your Model"), as
-``docs/cost-model.md`` lists with its section and table.
+Every preset peak comes from the scaling book ("How to Scale Your Model") or, for the A100,
+from PTD-P, and every measured efficiency (``calibration``) from a published measurement:
+``docs/cost-model.md`` lists each with its source.
 
 >>> from shardsim.cost import get_hardware
 >>> v5p = get_hardware("tpu-v5p")
