@@ -195,3 +195,16 @@ def test_every_preset_constant_has_a_source_in_the_docs():
     section = text[text.index("## Efficiency") :]
     for name in CALIBRATED:
         assert re.search(rf"^\| [^|]*`{name}`[^|]* \|", section, re.M), name
+
+
+def test_cli_estimate_prints_the_efficiency(capsys):
+    import argparse
+
+    from shardsim.cost import add_estimate_arguments, cli_estimate
+
+    p = argparse.ArgumentParser()
+    add_estimate_arguments(p)
+    for flag, want in (("ideal", "efficiency ideal"), ("calibrated", "efficiency calibrated (matmul up to 80.3%")):
+        cli_estimate(p.parse_args(["--hardware", "h100", "--mesh", "X=8", "--efficiency", flag, "--width", "40"]))
+        assert want in capsys.readouterr().out
+    assert p.parse_args([]).efficiency == "calibrated"
