@@ -26,6 +26,7 @@ import numpy as np
 
 from . import _blocks
 from .dtypes import resolve_dtype
+from .engines.stacked import LazyMatmul as _LazyMatmul
 from .errors import (
     DivisibilityError,
     MeshMismatchError,
@@ -61,28 +62,6 @@ class ShapeDtype:
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
-
-
-class _LazyMatmul:
-    """A partial sum kept as its operands: every chip's block is ``lhs @ rhs`` (compact data).
-
-    The reduction that clears the partial folds the chip axis into the contraction and runs
-    one large matmul instead of materialising N full-size partials and adding them.
-    """
-
-    __slots__ = ("lhs", "rhs")
-
-    def __init__(self, lhs: np.ndarray, rhs: np.ndarray) -> None:
-        self.lhs, self.rhs = lhs, rhs
-
-    def materialize(self) -> np.ndarray:
-        return _blocks.matmul(self.lhs, self.rhs)
-
-    def block(self, index: tuple[int, ...]) -> np.ndarray:
-        nm = len(index)
-        li = tuple(i if n > 1 else 0 for i, n in zip(index, self.lhs.shape[:nm]))
-        ri = tuple(i if n > 1 else 0 for i, n in zip(index, self.rhs.shape[:nm]))
-        return _blocks.matmul(self.lhs[li], self.rhs[ri])
 
 
 class ShardedArray:

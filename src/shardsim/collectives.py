@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from . import _blocks, tracing
+from . import engines, tracing
 from .array import ShardedArray, _LazyMatmul, held_text, local_shape_of
 from .dtypes import resolve_dtype
 from .errors import ChipFailureError, CollectiveError, ShardingError
@@ -59,7 +58,7 @@ def all_gather(x: ShardedArray, axis: Axes, *, label: str | None = None) -> Shar
     _check_group_ready(x, axes, "all_gather")
     data = None
     if not x.is_shape_only:
-        data = _blocks.merge_into_local(x.compact(), _nm(x), _positions(x, axes), dim)
+        data = engines.active().all_gather(x.compact(), _nm(x), _positions(x, axes), axes, dim)
     out = _new(x, layout, data, label)
     n = x.mesh.axis_size(axes)
     moved = (n - 1) * x.local_nbytes
@@ -79,10 +78,8 @@ def reduce_scatter(x: ShardedArray, axis: Axes, dim: str | int, *, label: str | 
     _check_group_ready(x, axes, "reduce_scatter")
     data = None
     if not x.is_shape_only:
-        reduced = _reduce(x, axes)
-        if isinstance(reduced, _LazyMatmul):
-            reduced = reduced.materialize()
-        data = _blocks.split_local(reduced, _nm(x), _positions(x, axes), [x.mesh.axis_size(a) for a in axes], i)
+        sizes = [x.mesh.axis_size(a) for a in axes]
+        data = engines.active().reduce_scatter(_operand(x), _nm(x), _positions(x, axes), axes, sizes, i)
     out = _new(x, layout, data, label)
     n = x.mesh.axis_size(axes)
     moved = (n - 1) * out.local_nbytes
@@ -99,7 +96,7 @@ def all_reduce(x: ShardedArray, axis: Axes, *, label: str | None = None) -> Shar
     _check_group_ready(x, axes, "all_reduce")
     data, lazy = None, None
     if not x.is_shape_only:
-        reduced = _reduce(x, axes)
+        reduced = engines.active().all_reduce(_operand(x), _positions(x, axes), axes)
         lazy, data = (reduced, None) if isinstance(reduced, _LazyMatmul) else (None, reduced)
     out = _new(x, layout, data, label, lazy=lazy)
     n = x.mesh.axis_size(axes)
@@ -134,9 +131,8 @@ def all_to_all(
     _check_group_ready(x, axes, "all_to_all")
     data = None
     if not x.is_shape_only:
-        pos = _positions(x, axes)
-        gathered = _blocks.merge_into_local(x.compact(), _nm(x), pos, src)
-        data = _blocks.split_local(gathered, _nm(x), pos, [x.mesh.axis_size(a) for a in axes], dst)
+        sizes = [x.mesh.axis_size(a) for a in axes]
+        data = engines.active().all_to_all(x.compact(), _nm(x), _positions(x, axes), axes, sizes, src, dst)
     out = _new(x, layout, data, label)
     n = x.mesh.axis_size(axes)
     moved = (n - 1) * x.local_nbytes // n
@@ -168,9 +164,10 @@ def ppermute(
     _check_alive(x, "ppermute", axes)
     data = None
     if not x.is_shape_only:
-        data = _permute(x.compact(), _positions(x, axes), src_of)
-    # a value held on some chips only (a pipeline stage's) arrives on the destinations
-    holders = None if x.holders is None else _permute(x.holders, _positions(x, axes), src_of)
+        data = engines.active().ppermute(x.compact(), _positions(x, axes), axes, src_of)
+    # a value held on some chips only (a pipeline stage's) arrives on the destinations: chip
+    # bookkeeping, kept in NumPy on every engine
+    holders = None if x.holders is None else engines.STACKED.ppermute(x.holders, _positions(x, axes), axes, src_of)
     out = _new(x, x.layout, data, label, holders=holders)
     moves = any(s != d for d, s in enumerate(src_of))
     moved = x.local_nbytes if moves else 0
@@ -278,13 +275,9 @@ def _check_partial(x: ShardedArray, axes: tuple[str, ...], op: str) -> None:
         raise CollectiveError(f"{op} over {_fmt(axes)}: {x.describe()} is not a partial sum over {missing}; {hint}")
 
 
-def _reduce(x: ShardedArray, axes: tuple[str, ...]) -> np.ndarray | _LazyMatmul:
-    pos = _positions(x, axes)
-    if x._lazy is not None:
-        # fold the chip axis into the contraction: one matmul, no N-fold partials
-        lhs, rhs = _blocks.fold_contraction(x._lazy.lhs, x._lazy.rhs, pos)
-        return _LazyMatmul(lhs, rhs)
-    return _blocks.sum_mesh(x.compact(), pos)
+def _operand(x: ShardedArray) -> np.ndarray | _LazyMatmul:
+    """What a reduction reads: the data, or a lazy partial the stacked engine folds into one matmul."""
+    return x._lazy if x._lazy is not None else x.compact()
 
 
 def _permutation(n: int, shift: int | None, perm: Sequence[tuple[int, int]] | None, x: ShardedArray) -> list[int]:
@@ -319,16 +312,6 @@ def _check_permutable(x: ShardedArray, axes: tuple[str, ...]) -> None:
             f"ppermute of {x.describe()} over several axes would make it differ along {names}, "
             f"over which its layout says it is replicated; ppermute over the split axes only"
         )
-
-
-def _permute(c: np.ndarray, positions: list[int], src_of: list[int]) -> np.ndarray:
-    if all(c.shape[p] == 1 for p in positions):
-        return c  # replicated along the axes (or they have one chip): nothing changes
-    front = list(range(len(positions)))
-    y = np.moveaxis(c, positions, front)
-    lead = y.shape[: len(positions)]
-    moved = y.reshape((math.prod(lead),) + y.shape[len(positions) :])[src_of].reshape(y.shape)  # (chips, *block)
-    return np.moveaxis(moved, front, positions)
 
 
 def _new(

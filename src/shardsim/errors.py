@@ -81,6 +81,14 @@ class CostModelError(ShardsimError, ValueError):
     """Hardware, placement or efficiency figures the cost model cannot use as given."""
 
 
+class EngineError(ShardingError):
+    """A scheme, mesh or device set an engine cannot run: the message names the culprit and the fix."""
+
+
+class EngineUnavailableError(ShardsimError, ImportError):
+    """An engine whose library is not installed (``pip install 'shardsim[jax]'`` for the JAX engine)."""
+
+
 __all__ = [
     "CheckpointError",
     "ChipFailureError",
@@ -89,6 +97,8 @@ __all__ = [
     "CostModelError",
     "DivisibilityError",
     "DtypeError",
+    "EngineError",
+    "EngineUnavailableError",
     "LayoutParseError",
     "MatmulShardingError",
     "MeshAxisError",

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _blocks, activations, tracing
+from . import activations, engines, tracing
 from .array import ShardedArray, _LazyMatmul, check_same_kind, check_same_mesh, held_where
 from .dtypes import resolve_dtype
 from .errors import DtypeError, PartialSumError, ShapeError, ShardingError
@@ -52,15 +52,16 @@ def matmul(
     dtype = np.result_type(a.dtype, b.dtype)
     data, lazy = None, None
     if has_data:
+        engine = engines.active()
         lhs = a.compact()
         rhs = b.compact()
         if b.ndim < a.ndim:  # line b's mesh dims up with a's, past a's batch dims
             nm = len(mesh.shape)
             rhs = rhs.reshape(rhs.shape[:nm] + (1,) * (a.ndim - b.ndim) + rhs.shape[nm:])
-        if layout.partial and not (a.is_partial or b.is_partial):
+        if layout.partial and not (a.is_partial or b.is_partial) and engine.lazy_partials:
             lazy = _LazyMatmul(lhs, rhs)  # reduced later by folding the chips into K
         else:
-            data = _blocks.matmul(lhs, rhs)
+            data = engine.matmul(lhs, rhs)
     held = held_where(a, b)  # a stage's weights meet its activations only on its chips
     out = ShardedArray(mesh, layout, shape, dtype, data, lazy=lazy, label=label, category=category, holders=held)
     m, k = a.local_shape[-2:]
@@ -164,7 +165,7 @@ def transpose(x: ShardedArray, order: Sequence[int] | None = None, *, label: str
         # (A @ B).T = B.T @ A.T: stay a lazy partial
         lazy = _LazyMatmul(np.swapaxes(x._lazy.rhs, -1, -2), np.swapaxes(x._lazy.lhs, -1, -2))
     elif not x.is_shape_only:
-        data = x.compact().transpose(list(range(nm)) + [nm + i for i in perm])
+        data = engines.active().transpose(x.compact(), nm, perm)
     return ShardedArray(
         x.mesh, layout, shape, x.dtype, data, lazy=lazy, label=label or x.label, category=x.category, view_of=x
     )
@@ -188,7 +189,7 @@ def sum_dim(x: ShardedArray, dim: str | int, *, keepdims: bool = False, label: s
     layout = Layout(x.layout.dims[:i] + kept + x.layout.dims[i + 1 :], x.layout.partial + d.axes)
     shape = x.global_shape[:i] + ((1,) if keepdims else ()) + x.global_shape[i + 1 :]
     nm = len(x.mesh.shape)
-    data = None if x.is_shape_only else np.sum(x.compact(), axis=nm + i, keepdims=keepdims)
+    data = None if x.is_shape_only else engines.active().sum(x.compact(), nm + i, keepdims)
     dtype = np.sum(np.zeros(1, x.dtype)).dtype  # NumPy's: bool and small ints sum as int64
     return ShardedArray(x.mesh, layout, shape, dtype, data, label=label, derived_from=(x,))
 

@@ -63,6 +63,9 @@ class Engine:
     def sum(self, c: Any, axis: int, keepdims: bool) -> Any:
         raise NotImplementedError
 
+    def transpose(self, c: Any, nm: int, perm: Sequence[int]) -> Any:
+        raise NotImplementedError
+
     def all_gather(self, c: Any, nm: int, positions: Sequence[int], names: tuple[str, ...], dim: int) -> Any:
         raise NotImplementedError
 
@@ -115,6 +118,10 @@ class StackedEngine(Engine):
     def sum(self, c: np.ndarray, axis: int, keepdims: bool) -> np.ndarray:
         """Each chip's sum over one dimension of its block."""
         return np.sum(c, axis=axis, keepdims=keepdims)
+
+    def transpose(self, c: np.ndarray, nm: int, perm: Sequence[int]) -> np.ndarray:
+        """Every chip's block with its dimensions permuted (a view)."""
+        return c.transpose(list(range(nm)) + [nm + i for i in perm])
 
     def all_gather(self, c: np.ndarray, nm: int, positions: Sequence[int], names: tuple[str, ...], dim: int) -> Any:
         """Concatenate the blocks along mesh dims ``positions`` into block dimension ``dim``."""
