@@ -192,12 +192,14 @@ def run_demo(
     dtype: str = "float32",
     seed: int = 0,
     options: Mapping[str, Any] | None = None,
+    engine: str = "numpy",
 ) -> DemoRun:
     """Run scheme ``name`` forward and backward on the toy case and check it against its reference.
 
     The parameters come from the scheme's own ``init``, the expected values from its own
     ``reference``; ``x`` and ``dout`` are ``[batch, d_model]`` normal draws. Without
-    ``mesh``, each of the scheme's roles gets its own axis of 2 chips.
+    ``mesh``, each of the scheme's roles gets its own axis of 2 chips. ``engine="jax"`` runs
+    it on JAX devices (:mod:`shardsim.engines.jax`).
 
     >>> r = run_demo("tp")
     >>> r.ok, r.result.layouts["x"], str(r.result.mesh)
@@ -220,7 +222,12 @@ def run_demo(
     rng = np.random.default_rng(seed + 1)
     x = rng.standard_normal((batch, d_model)).astype(dt)
     dout = rng.standard_normal((batch, d_model)).astype(dt)
-    result = run_scheme(scheme, the_mesh, params, x, dout, activation=activation, axes=axes, **opts)
+    if engine == "jax":
+        result = _jax_engine(the_mesh).run_strategy(
+            scheme.name, the_mesh, params, x, dout, activation=activation, axes=axes, options=opts
+        )
+    else:
+        result = run_scheme(scheme, the_mesh, params, x, dout, activation=activation, axes=axes, **opts)
     want_out, want_grads = scheme.reference(params, x, dout, activation, **opts)
     contraction = max(batch, d_model, d_ff)
     checks = [_check("Out", result.out, want_out, dtype, contraction)]
@@ -228,6 +235,15 @@ def run_demo(
         got = None if result.grads is None else result.grads.get(k)
         checks.append(_check(grad_name(k), got, expected, dtype, contraction))
     return DemoRun(scheme, result, {"x": x, "dout": dout, **params}, checks)
+
+
+def _jax_engine(mesh: Mesh) -> Any:
+    """The JAX engine; on CPU, first asks XLA for as many (fake) devices as the mesh has chips."""
+    if "jax" not in sys.modules:  # XLA reads the flag when JAX is first imported
+        os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={max(mesh.size, 8)}")
+    from .engines import jax as engine
+
+    return engine
 
 
 def grad_name(key: str) -> str:
@@ -409,6 +425,12 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="a setting passed to the scheme and its reference (e.g. microbatches=2); repeatable",
     )
+    p.add_argument(
+        "--engine",
+        default="numpy",
+        choices=("numpy", "jax"),
+        help="run on the stacked NumPy engine or on JAX devices (needs shardsim[jax]) (default: %(default)s)",
+    )
     p.add_argument("--quiet", action="store_true", help="print one PASS/FAIL line per scheme only")
 
 
@@ -445,6 +467,7 @@ def demo(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             seed=args.seed,
             options=options,
+            engine=args.engine,
         )
         for name in names
     ]
