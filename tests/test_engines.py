@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -75,3 +76,21 @@ def test_the_default_engine_is_the_stacked_one() -> None:
     assert engines.active() is engines.STACKED
     assert seen.count("all_gather") == len([c for c in r.trace.collectives() if c[0] == "all_gather"]) == 4
     assert seen.count("matmul") >= 2
+
+
+
+def relative_imports(path: Path) -> set[str]:
+    """The shardsim modules a file imports, function-level imports included (as ``..x`` / ``.y``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            found |= {"." * node.level + (node.module or a.name) for a in node.names}
+    return found
+
+
+def test_the_engine_layer_imports_only_the_kernels_below_it() -> None:
+    """The seam adds no cycle: the engines import the block kernels and each other, nothing above them."""
+    src = ROOT / "src" / "shardsim" / "engines"
+    assert relative_imports(src / "__init__.py") == {".stacked"}
+    assert relative_imports(src / "stacked.py") == {".._blocks"}
+    assert relative_imports(src / "jax" / "kernels.py") == {"..stacked"}

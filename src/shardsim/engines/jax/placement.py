@@ -85,7 +85,7 @@ def fetch(array: Any) -> np.ndarray:
 def check_dtype(what: str, value: Any) -> np.dtype:
     """The dtype of an input, refused when JAX would silently narrow it (float64 without x64)."""
     dtype = np.dtype(getattr(value, "dtype", np.asarray(value).dtype))
-    if dtype.itemsize == 8 and not jax.config.jax_enable_x64:
+    if dtype.itemsize == 8 and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
         raise DtypeError(
             f"{what} is {dtype} and JAX runs 64-bit types as 32-bit unless told otherwise; call "
             "jax.config.update('jax_enable_x64', True) before building arrays, or pass float32 data"
