@@ -122,3 +122,40 @@ def test_jaxpr_of_a_jax_mesh_names_its_axes() -> None:
         ("all_gather", ("data",)),
         ("reduce_scatter", ("model",)),
     ]
+
+
+def test_compiled_program_is_the_hand_written_one() -> None:
+    """Once jitted the seam costs nothing: XLA's program of each scheme has the same operations as a
+    hand-written ``shard_map`` of the same collectives (``benchmarks/engines.py``'s)."""
+    import collections
+    import importlib.util
+    import re
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_engines", bench / "engines.py")
+        assert spec is not None and spec.loader is not None
+        hand = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(hand)
+    finally:
+        sys.path.remove(str(bench))
+    p = shardsim.mlp.init(32, 64, seed=0)
+    x = np.ones((16, 32), np.float32)
+    for name, mesh in hand.MESHES.items():
+        fn, args = engine.compile(name, shardsim.Mesh(mesh), p, x, x, activation="relu")
+        specs = [jax.tree.map(lambda a: a.sharding.spec, a) for a in args]
+        out_specs = jax.tree.map(lambda a: a.sharding.spec, jax.eval_shape(fn, *args))
+        theirs = jax.jit(
+            jax.shard_map(hand.HAND[name], mesh=args[1].sharding.mesh, in_specs=tuple(specs), out_specs=out_specs)
+        )
+        ops = [
+            collections.Counter(re.findall(r"= \S+ (\w[\w-]*)\(", f.lower(*args).compile().as_text()))
+            for f in (fn, theirs)
+        ]
+        for counts in ops:
+            for noise in ("parameter", "bitcast", "get-tuple-element", "constant"):
+                counts.pop(noise, None)
+        assert ops[0] == ops[1], name
