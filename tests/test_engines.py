@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 import shardsim
-from shardsim import engines
+from shardsim.collectives import engines  # the module the kernels are dispatched through
 
 ROOT = Path(__file__).resolve().parents[1]
 
