@@ -52,7 +52,7 @@ from .dtypes import resolve_dtype
 from .errors import CheckpointError, ShardsimError
 from .layout import Layout
 from .mesh import Mesh
-from .reshard import global_from_compact
+from .resharding import global_from_compact
 
 __all__ = ["FORMAT", "INDEX", "load", "read_index", "save"]
 

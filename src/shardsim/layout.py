@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from .errors import LayoutParseError, MatmulShardingError, MeshAxisError, ShapeError
 
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+# A letter (any script: mesh axes may be named "αβ"), then letters and digits; never "_".
+_NAME = re.compile(r"[^\W\d_][^\W_]*")
 # One dimension or partial-sum token: commas inside a brace subscript (D_{data,model}) do not split it.
 _TOKEN = re.compile(r"[^,\s{]*\{[^}]*\}?[^,\s]*|[^,\s]+")
 
@@ -50,7 +51,12 @@ class Layout:
         """Parse ``"[B_X, D_Y]{U_Z}"``, ``"B_X D_Y"`` or ``"D_{data,model} F"``.
 
         With ``axis_names`` (a mesh's axes), a subscript like ``XY`` is split into known axis
-        names; without, each letter is one axis.
+        names (into single letters when each letter is an axis, else longest names first);
+        without, each letter is one axis. ``"[]"`` is a rank-0 value. ``str(layout)`` parses
+        back to ``layout`` on its mesh: axes with names longer than a letter print in braces.
+
+        >>> Layout.parse("[]"), Layout.parse("D_{data,αβ}").dims[0].axes
+        (Layout('[]'), ('data', 'αβ'))
         """
         if isinstance(text, Layout):
             return text
@@ -172,8 +178,8 @@ class _Parser:
         dims = []
         for match in _TOKEN.finditer(inner):
             dims.append(self._dim(match.group(), offset + match.start()))
-        if not dims:
-            raise self.fail(offset, "no dimensions")
+        if not dims and not stripped.startswith("["):
+            raise self.fail(offset, "no dimensions (a rank-0 value is written '[]')")
         part = self._partial(partial, brace) if brace is not None else ()
         return Layout(tuple(dims), part)
 
@@ -213,6 +219,10 @@ class _Parser:
 
     def _split_known(self, sub: str, pos: int) -> tuple[str, ...]:
         assert self.axis_names is not None
+        if all(c in self.axis_names for c in sub):
+            # one letter per axis, as str() prints single-letter axes ("D_XY" on a mesh with
+            # axes X, Y and XY is X then Y; the axis XY prints as "D_{XY}")
+            return tuple(sub)
         names = sorted((n for n in self.axis_names if n), key=len, reverse=True)  # "" would never advance
         out: list[str] = []
         i = 0

@@ -40,7 +40,7 @@ from ..errors import ShardingError
 from ..layout import Layout
 from ..mesh import Mesh
 from ..ops import cast
-from ..reshard import local_slice
+from ..resharding import local_slice
 from ..strategies import zero
 from ..strategies.base import Ctx, Grads, Params, Scheme
 from ..strategies.run import (

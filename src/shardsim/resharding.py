@@ -138,7 +138,7 @@ def plan_reshard(x: ShardedArray, layout: str | Layout) -> list[Step]:
     """The steps :func:`reshard` would run to move ``x`` to ``layout`` on its mesh (runs nothing).
 
     >>> import numpy as np, shardsim
-    >>> from shardsim.reshard import plan_reshard
+    >>> from shardsim.resharding import plan_reshard
     >>> x = shardsim.shard(np.zeros((8, 8), np.float32), shardsim.Mesh(X=2, Y=4), "B_X D")
     >>> [str(s) for s in plan_reshard(x, "[B, D_Y]")]
     ['slice(Y) -> [B_X, D_Y]', 'all_gather(X) -> [B, D_Y]']
