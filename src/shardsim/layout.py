@@ -15,6 +15,7 @@ partial-sum axis ("once a mesh dimension has been used it is spent").
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -78,10 +79,14 @@ class Layout:
 
     def dim_index(self, dim: str | int) -> int:
         """Index of a dimension named ``dim`` (or checked index ``dim``)."""
-        if isinstance(dim, int) and not isinstance(dim, bool):
+        if isinstance(dim, numbers.Integral) and not isinstance(dim, bool):
             if not -self.rank <= dim < self.rank:
                 raise ShapeError(f"dimension index {dim} out of range for layout {self} (rank {self.rank})")
-            return dim % self.rank
+            return int(dim) % self.rank
+        if not isinstance(dim, str):
+            raise ShapeError(
+                f"dimension {dim!r}: name a dimension of layout {self} ({list(self.names)}) or give its index"
+            )
         hits = [i for i, d in enumerate(self.dims) if d.name == dim]
         if len(hits) != 1:
             what = "no" if not hits else "more than one"

@@ -234,11 +234,11 @@ class Mesh:
         return mesh_html(self)
 
 
-def normalize_axes(axis: str | Iterable[str], argument: str = "axis") -> tuple[str, ...]:
+def normalize_axes(axis: str | Iterable[str], argument: str = "axis", op: str = "") -> tuple[str, ...]:
     """``"X"`` → ``("X",)``; a tuple or list stays in its order; a repeated axis is an error.
 
     Anything but a name or an iterable of names raises :class:`ArgumentTypeError` naming
-    ``argument`` (the parameter the caller was given).
+    ``argument`` (the parameter the caller was given) of ``op``.
 
     >>> normalize_axes(["X", "Y"])
     ('X', 'Y')
@@ -253,10 +253,13 @@ def normalize_axes(axis: str | Iterable[str], argument: str = "axis") -> tuple[s
     bad = [a for a in axes if not isinstance(a, str)]
     if bad or isinstance(axis, (bytes, Mapping)):
         raise ArgumentTypeError(
-            f"{argument}={axis!r}: {argument} is a mesh axis name or a tuple of names, e.g. 'X' or ('X', 'Y')"
+            f"{op + ': ' if op else ''}{argument}={axis!r} is not a mesh axis name or a tuple of names; "
+            "pass e.g. 'X' or ('X', 'Y')"
         )
     if not axes:
-        raise MeshAxisError(f"{argument}=(): no mesh axis given; name one, e.g. 'X', or a tuple ('X', 'Y')")
+        raise MeshAxisError(
+            f"{op + ': ' if op else ''}{argument}=(): no mesh axis given; name one, e.g. 'X', or a tuple ('X', 'Y')"
+        )
     if len(set(axes)) != len(axes):
         raise MeshAxisError(f"mesh axis repeated in {axes}")
     return axes

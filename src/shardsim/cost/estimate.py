@@ -204,7 +204,9 @@ def estimate_program(
     placement = place(hardware, program.mesh, placement_links)
     layers = f"{program.layers} layer{'s' if program.layers > 1 else ''}"
     title = f"{program.scheme}, {layers} on {program.mesh}, {hardware.name}"
-    tl = build_timeline(program.steps, hardware, placement, overlap=overlap, prefetch=prefetch, title=title)
+    tl = build_timeline(
+        program.steps, hardware, placement, overlap=overlap, prefetch=prefetch, title=title, mesh=program.mesh
+    )
     return Estimate(
         scheme=program.scheme,
         hardware=hardware,
