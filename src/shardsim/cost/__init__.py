@@ -25,7 +25,7 @@ from .cli import (
 )
 from .collectives import CommTime, collective_time
 from .critical import Critical, axis_bandwidth, best_split, critical_batch, scheme_mesh
-from .estimate import Estimate, estimate, estimate_program, sweep
+from .estimator import Estimate, estimate, estimate_program, sweep
 from .hardware import Hardware, Switched, Torus
 from .placement import AxisLink, Placement, Route, place, split_rings
 from .presets import get_hardware, hardware_names

@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import ShardsimError
 from ..mesh import Mesh
 from .collectives import collective_time
-from .estimate import Estimate, estimate, excess_terms
+from .estimator import Estimate, estimate, excess_terms
 from .hardware import Hardware
 from .placement import AxisLink, place
 from .presets import get_hardware

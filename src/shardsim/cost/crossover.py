@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from .estimate import Estimate
+from .estimator import Estimate
 from .gantt import _pyplot
 
 if TYPE_CHECKING:

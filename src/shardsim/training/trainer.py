@@ -43,7 +43,7 @@ from ..ops import cast
 from ..resharding import local_slice
 from ..strategies import zero
 from ..strategies.base import Ctx, Grads, Params, Scheme
-from ..strategies.run import (
+from ..strategies.runner import (
     backward_stack,
     forward_stack,
     layer_of,
