@@ -16,7 +16,6 @@ import pytest
 import shardsim
 from shardsim import Mesh
 
-
 MESH = Mesh(X=2, Y=2)
 
 
@@ -104,7 +103,12 @@ def test_ufunc_methods_and_keywords_raise_a_documented_error() -> None:
 
 def test_basic_indexing_along_unsharded_dimensions() -> None:
     x = value(A, "B_X D")
-    for index in [(slice(None), 2), (slice(None), slice(1, 5, 2)), (Ellipsis, -1), (slice(None), slice(None, None, -1))]:
+    for index in [
+        (slice(None), 2),
+        (slice(None), slice(1, 5, 2)),
+        (Ellipsis, -1),
+        (slice(None), slice(None, None, -1)),
+    ]:
         y = x[index]
         np.testing.assert_array_equal(np.asarray(y), A[index])
         assert y.layout.dims[0] == x.layout.dims[0]

@@ -93,15 +93,16 @@ def check_shape(shape: Any, argument: str) -> tuple[int, ...]:
 def require_array(x: Any, argument: str, op: str) -> ShardedArray:
     """``x`` if it is a :class:`ShardedArray`, else :class:`ArgumentTypeError` naming ``argument`` of ``op``.
 
-    >>> require_array(3, "x", "all_gather")
-    Traceback (most recent call last):
-    ...
-    shardsim.errors.ArgumentTypeError: all_gather(x=3): x must be a shardsim.ShardedArray, got int; build one with shardsim.shard(array, mesh, layout)
+    >>> try:
+    ...     require_array(3, "x", "all_gather")
+    ... except ArgumentTypeError as e:
+    ...     print(str(e)[:63])
+    all_gather needs a ShardedArray, got int for its argument x (3)
     """
     if not isinstance(x, ShardedArray):
         raise ArgumentTypeError(
-            f"{op}({argument}={_short(x)}): {argument} must be a shardsim.ShardedArray, got "
-            f"{type(x).__name__}; build one with shardsim.shard(array, mesh, layout)"
+            f"{op} needs a ShardedArray, got {type(x).__name__} for its argument {argument} ({_short(x)}); "
+            "build one with shardsim.shard(array, mesh, layout)"
         )
     return x
 
@@ -110,7 +111,7 @@ def require_mesh(mesh: Any, argument: str, op: str) -> Mesh:
     """``mesh`` if it is a :class:`Mesh`, else :class:`ArgumentTypeError` naming ``argument`` of ``op``."""
     if not isinstance(mesh, Mesh):
         raise ArgumentTypeError(
-            f"{op}({argument}={_short(mesh)}): {argument} must be a shardsim.Mesh, got {type(mesh).__name__}; "
+            f"{op}: {argument} must be a shardsim.Mesh, got {type(mesh).__name__} ({_short(mesh)}); "
             "e.g. shardsim.Mesh(X=2, Y=2)"
         )
     return mesh
@@ -216,7 +217,7 @@ class ShardedArray:
                 f"{self.describe()} would hold {self.local_nbytes} bytes per chip, more than a chip can index "
                 f"(2**62); split it over more chips or use smaller sizes"
             )
-        self.storage = view_of.storage if view_of is not None else self.uid
+        self.storage: int = view_of.storage if view_of is not None else self.uid
         # the traced values (event outputs or program inputs) this one derives from
         self.sources: tuple[int, ...] = tuple(dict.fromkeys(s for v in origins for s in v.sources)) or (self.uid,)
         mesh.memory.allocate(self)
@@ -417,7 +418,7 @@ class ShardedArray:
         return out.copy() if copy else out
 
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        """NumPy ufuncs (``np.exp(x)``, ``np.add(x, y)``) run on every chip's block (:func:`shardsim.ops.apply_ufunc`)."""
+        """NumPy ufuncs (``np.exp(x)``, ``np.add(x, y)``) run on every chip's block (see ``ops.apply_ufunc``)."""
         from .ops import apply_ufunc
 
         return apply_ufunc(ufunc, method, inputs, kwargs)

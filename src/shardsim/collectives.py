@@ -202,7 +202,8 @@ def reduce_dtype(dtype: Any, axes: Axes) -> Iterator[None]:
     dtype('float32')
     """
     dt = resolve_dtype(dtype)
-    token = _reduce_dtypes.set(_reduce_dtypes.get() + tuple((a, dt) for a in normalize_axes(axes, "axes", "reduce_dtype")))
+    pairs = tuple((a, dt) for a in normalize_axes(axes, "axes", "reduce_dtype"))
+    token = _reduce_dtypes.set(_reduce_dtypes.get() + pairs)
     try:
         yield
     finally:

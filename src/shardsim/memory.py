@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .mesh import Mesh
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries")
+_MOST = 2**63 - 1  # the ledger's counts are int64: refuse what would wrap them
 
 
 @dataclass
@@ -70,6 +71,12 @@ class MemoryLedger:
         if shared is not None:  # a view of a live buffer: no new bytes
             shared.users += 1
             return
+        if int(self._total.max(initial=0)) > _MOST - value.local_nbytes:  # int64 counts must not wrap
+            raise OutOfMemoryError(
+                f"{value.describe()} ({fmt_bytes(value.local_nbytes)} per chip) would take a chip past "
+                f"{fmt_bytes(_MOST)}, the most the ledger counts and far more than any chip holds; "
+                "release values or use smaller sizes"
+            )
         per_chip = np.full(self.mesh.shape, value.local_nbytes, np.int64)
         if value.holders is not None:
             per_chip = per_chip * value.holders

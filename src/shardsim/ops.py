@@ -111,7 +111,7 @@ def divide(a: Any, b: Any, *, label: str | None = None) -> ShardedArray:
     return _binary(a, b, operator.truediv, "/", kind="scale", label=label)
 
 
-_SYMBOLS = {np.add: "+", np.subtract: "-", np.multiply: "*", np.true_divide: "/", np.matmul: "@"}
+_SYMBOLS: dict[Any, str] = {np.add: "+", np.subtract: "-", np.multiply: "*", np.true_divide: "/", np.matmul: "@"}
 
 
 def apply_ufunc(ufunc: np.ufunc, method: str, inputs: Sequence[Any], kwargs: dict[str, Any]) -> ShardedArray:
@@ -137,7 +137,7 @@ def apply_ufunc(ufunc: np.ufunc, method: str, inputs: Sequence[Any], kwargs: dic
             "and no out=/where=/dtype=); use the shardsim op (sum, matmul, cast) or np.asarray(x) first"
         )
     for v in inputs:
-        if not isinstance(v, ShardedArray) and np.ndim(v) != 0:
+        if not isinstance(v, ShardedArray) and _ndim(v, name) != 0:
             raise ArgumentTypeError(
                 f"{name} of a ShardedArray and a {type(v).__name__} of shape {np.shape(v)}:"
                 " shard it first with shardsim.shard(array, mesh, layout) so its layout is known"
@@ -157,7 +157,8 @@ def apply_ufunc(ufunc: np.ufunc, method: str, inputs: Sequence[Any], kwargs: dic
         _check_partial_dtype(x, dtype, name)
         data = None if x.is_shape_only else ufunc(x.compact())
         return ShardedArray(x.mesh, x.layout, x.global_shape, dtype, data, derived_from=(x,))
-    kind = {np.add: "sum", np.subtract: "sum", np.multiply: "scale"}.get(ufunc, "other")
+    kinds: dict[Any, str] = {np.add: "sum", np.subtract: "sum", np.multiply: "scale"}
+    kind = kinds.get(ufunc, "other")
     return _binary(inputs[0], inputs[1], ufunc, _SYMBOLS.get(ufunc, name), kind=kind, label=None)
 
 
@@ -250,7 +251,8 @@ def take_basic(x: ShardedArray, index: Any) -> ShardedArray:
     if sum(i is Ellipsis for i in items) > 1:
         raise ShapeError(f"index {index!r} of {x.describe()}: at most one '...'")
     for i in items:
-        if i is not Ellipsis and not isinstance(i, slice) and (isinstance(i, bool) or not isinstance(i, numbers.Integral)):
+        integer = isinstance(i, numbers.Integral) and not isinstance(i, bool)
+        if i is not Ellipsis and not isinstance(i, slice) and not integer:
             raise ArgumentTypeError(
                 f"index {index!r} of {x.describe()}: only integers, slices and '...' are supported "
                 f"(got {type(i).__name__}); for advanced indexing use np.asarray(x)[...]"
@@ -262,8 +264,10 @@ def take_basic(x: ShardedArray, index: Any) -> ShardedArray:
         k = items.index(Ellipsis)
         items = items[:k] + (slice(None),) * (x.ndim - n_real) + items[k + 1 :]
     items = items + (slice(None),) * (x.ndim - len(items))
-    dims, shape, local = [], [], []
-    for i, (item, d, n) in enumerate(zip(items, x.layout.dims, x.global_shape)):
+    dims: list[Dim] = []
+    shape: list[int] = []
+    local: list[int | slice] = []
+    for item, d, n in zip(items, x.layout.dims, x.global_shape):
         if d.axes and item != slice(None):
             raise ShardingError(
                 f"index {index!r} of {x.describe()}: dimension {d} is split over {list(d.axes)}; "
@@ -320,30 +324,33 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: st
     if len(arrays) == 1:
         x = arrays[0]
         scalar = b if x is a else a
-        if isinstance(scalar, np.ndarray) or np.ndim(scalar) != 0:
+        if isinstance(scalar, np.ndarray) or _ndim(scalar, sym) != 0:
             if np.ndim(scalar) != 0:
                 raise ShardingError(
                     f"{x.describe()} {sym} a NumPy array: shard the array first so its layout is known"
                 )
             scalar = scalar[()]  # a 0-d array is its scalar, as NumPy treats it
         what = f"{x.describe()} {sym} {scalar!r}" if x is a else f"{scalar!r} {sym} {x.describe()}"
-        if x.is_partial:
-            _check_partial_scalar(x, scalar, x is a, sym, kind, what)
         probe = np.zeros(0, x.dtype)
         dtype = _result_dtype(op, (probe, scalar) if x is a else (scalar, probe), what)
+        if x.is_partial:
+            _check_partial_scalar(x, scalar, x is a, sym, kind, what)
         _check_partial_dtype(x, dtype, what)
         data = None
         if has_data:
             with np.errstate(all="ignore"):  # NumPy's values (inf, nan) without its warnings, as for arrays
                 data = op(x.compact(), scalar) if x is a else op(scalar, x.compact())
             data = np.asarray(data, dtype)
+            if x.is_partial:
+                _check_no_overflow(x, data, what)
         return ShardedArray(mesh, x.layout, x.global_shape, dtype, data, label=label, derived_from=(x,))
     what = f"{a.describe()} {sym} {b.describe()}"
     layout, shape = _broadcast_layout(a, b, sym)
     if kind == "sum":
         if set(a.layout.partial) != set(b.layout.partial):
             raise PartialSumError(
-                f"{what}: both sides must be partial sums over the same axes (or neither); reduce the partial side first"
+                f"{what}: both sides must be partial sums over the same axes (or neither); "
+                "reduce the partial side first"
             )
         partial = a.layout.partial
     elif kind == "scale":
@@ -380,7 +387,34 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: st
         y = y.reshape(y.shape[:nm] + (1,) * (rank - b.ndim) + y.shape[nm:])
         with np.errstate(all="ignore"):
             data = np.asarray(op(x, y), dtype)
+        for v in (a, b):
+            if v.is_partial:
+                _check_no_overflow(v, data, what)
     return ShardedArray(mesh, layout, shape, dtype, data, label=label, derived_from=(a, b))
+
+
+def _check_no_overflow(x: ShardedArray, data: np.ndarray, what: str) -> None:
+    """A finite partial scaled by a finite factor must stay finite: a block that overflows to inf
+    (3e308 * 10 on one chip, -2e308 * 10 on another) no longer adds up to the scaled sum."""
+    if data.dtype.kind not in "fc" and data.dtype.name != "bfloat16":
+        return
+    if np.isfinite(data.astype(np.complex128 if data.dtype.kind == "c" else np.float64)).all():
+        return
+    blocks = x.compact()
+    if not np.isfinite(blocks.astype(np.complex128 if blocks.dtype.kind == "c" else np.float64)).all():
+        return  # already inf or nan on some chip: the sum was too, and so is its scaled value
+    raise PartialSumError(
+        f"{what}: a chip's partial block overflows to inf, so the blocks no longer add up to the scaled "
+        f"sum; reduce {x.describe()} over {list(x.layout.partial)} first, then scale it"
+    )
+
+
+def _ndim(v: Any, what: str) -> int:
+    """``np.ndim(v)``, or :class:`ArgumentTypeError` for what NumPy cannot make an array of (ragged lists)."""
+    try:
+        return int(np.ndim(v))
+    except (TypeError, ValueError):
+        raise ArgumentTypeError(f"{what}: NumPy cannot make an array of {type(v).__name__} {v!r:.60}") from None
 
 
 def _check_partial_scalar(x: ShardedArray, scalar: Any, x_first: bool, sym: str, kind: str, what: str) -> None:
