@@ -338,8 +338,7 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: st
         _check_partial_dtype(x, dtype, what)
         data = None
         if has_data:
-            with np.errstate(all="ignore"):  # NumPy's values (inf, nan) without its warnings, as for arrays
-                data = op(x.compact(), scalar) if x is a else op(scalar, x.compact())
+            data = op(x.compact(), scalar) if x is a else op(scalar, x.compact())  # NumPy's warnings too
             data = np.asarray(data, dtype)
             if x.is_partial:
                 _check_no_overflow(x, data, what)
@@ -385,8 +384,7 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: st
         rank = len(shape)
         x = x.reshape(x.shape[:nm] + (1,) * (rank - a.ndim) + x.shape[nm:])
         y = y.reshape(y.shape[:nm] + (1,) * (rank - b.ndim) + y.shape[nm:])
-        with np.errstate(all="ignore"):
-            data = np.asarray(op(x, y), dtype)
+        data = np.asarray(op(x, y), dtype)
         for v in (a, b):
             if v.is_partial:
                 _check_no_overflow(v, data, what)
@@ -501,8 +499,9 @@ def promote(x: ShardedArray, dtype: np.dtype) -> ShardedArray:
 def _result_dtype(op: Callable[..., Any], operands: tuple[Any, ...], what: str) -> np.dtype:
     """The dtype NumPy gives ``op`` on these operands (zero-size probes), the same with or without data."""
     try:
-        with np.errstate(all="ignore"):  # a scalar operand still computes: 1 / 0 warns
-            dtype = np.asarray(op(*operands)).dtype  # zero-size arrays: nothing computed but the scalar
+        # zero-size probes: nothing is computed, so no floating-point warnings (and no np.errstate,
+        # whose context variable CPython 3.10/3.11 can corrupt when entered very often)
+        dtype = np.asarray(op(*operands)).dtype
     except (TypeError, ValueError, OverflowError, ZeroDivisionError, ArithmeticError) as e:
         raise DtypeError(f"{what}: NumPy refuses this for these dtypes ({e})") from None
     if dtype.kind not in "biufc" and dtype.name != "bfloat16":
