@@ -239,3 +239,42 @@ def test_a_slow_pipeline_stage_slows_only_its_own_steps() -> None:
     base = {b.where: b.seconds for b in fast.bars}
     assert by_where["Z0"] == pytest.approx(base["Z0"])  # stage 0 does not wait for chip Z1
     assert by_where[""] == pytest.approx(1000 * base[""])  # a step on every chip does
+
+
+# -- capacities ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [-1, 1.5, "100", float("nan"), True])
+def test_a_ledger_capacity_is_a_whole_number_of_bytes(bad: object) -> None:
+    mesh = Mesh(X=2)
+    with pytest.raises(shardsim.ShardingError, match="whole number of bytes"):
+        mesh.memory.capacity = bad  # type: ignore[assignment]
+    assert mesh.memory.capacity is None
+    mesh.memory.capacity = 64
+    with pytest.raises(shardsim.OutOfMemoryError):
+        shardsim.shard(np.ones(16), mesh, "[B]")  # 128 bytes per chip
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"capacity": -1, "groups": 2},
+        {"capacity": 0, "groups": 2},
+        {"capacity": 1.5, "groups": 2},
+        {"capacity": "2", "groups": 2},
+        {"capacity_factor": float("nan"), "groups": 2},
+        {"capacity_factor": float("inf"), "groups": 2},
+        {"capacity_factor": -1.0, "groups": 2},
+        {"top_k": 1.5},
+        {"groups": 2.0},
+    ],
+)
+def test_expert_capacity_options_are_checked(options: dict) -> None:
+    from shardsim import moe, strategies
+
+    params = moe.init(4, 8, experts=4)
+    x = np.ones((8, 4), np.float32)
+    name = next(iter(options))
+    with pytest.raises(shardsim.ShardingError, match=f"option {name}="):
+        shardsim.run_strategy("ep", Mesh(Y=2), params, x, x, **options)
+    r = shardsim.run_strategy("ep", Mesh(Y=2), params, x, x, capacity=1, groups=2)  # the least that runs
+    want_out, _ = strategies.get("ep").reference(params, x, x, "identity", capacity=1, groups=2)
+    np.testing.assert_allclose(r.out, want_out, rtol=1e-5, atol=1e-6)

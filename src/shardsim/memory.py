@@ -18,13 +18,14 @@ chip and per category (``params``, ``grads``, ``optimizer``, ``activations``,
 
 from __future__ import annotations
 
+import numbers
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import OutOfMemoryError
+from .errors import OutOfMemoryError, ShardingError
 
 if TYPE_CHECKING:
     from .array import ShardedArray
@@ -58,12 +59,26 @@ class MemoryLedger:
 
     def __init__(self, mesh: Mesh) -> None:
         self.mesh = mesh
-        self.capacity: int | None = None
+        self._capacity: int | None = None
         self._entries: dict[int, _Entry] = {}
         self._live: dict[str, np.ndarray] = {}
         self._peak: dict[str, np.ndarray] = {}
         self._total = np.zeros(mesh.shape, np.int64)
         self._total_peak = np.zeros(mesh.shape, np.int64)
+
+    @property
+    def capacity(self) -> int | None:
+        """Bytes each chip holds at most (None: unlimited); set it to a whole number of bytes."""
+        return self._capacity
+
+    @capacity.setter
+    def capacity(self, nbytes: int | None) -> None:
+        if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes < 0):
+            raise ShardingError(
+                f"mesh.memory.capacity = {nbytes!r}: a capacity is a whole number of bytes per chip "
+                "(e.g. 16 * 2**30 for 16 GiB), or None for unlimited"
+            )
+        self._capacity = None if nbytes is None else int(nbytes)
 
     # -- bookkeeping (called by ShardedArray) -------------------------------------------
     def allocate(self, value: ShardedArray) -> None:
