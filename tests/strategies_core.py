@@ -18,44 +18,12 @@ from hypothesis import strategies as st
 
 import shardsim
 from shardsim.layout import Dim, Layout
+from shardsim.testing import layouts, meshes  # the tests draw their meshes and layouts from here too
 
 # the core properties (collectives, matmuls) run three times the profile's examples
 deep = settings(max_examples=3 * settings.default.max_examples)
 
-SHORT_NAMES = ("X", "Y", "Z")
-LONG_NAMES = ("data", "model", "pipe")  # printed in brace form, D_{data,model}
-DIM_NAMES = ("B", "D", "F", "L")
 DTYPES = (np.float32, np.float64)
-MAX_CHIPS = 64
-
-
-# -- meshes and layouts -------------------------------------------------------------------------
-@st.composite
-def meshes(draw: st.DrawFn, min_axes: int = 1, max_axes: int = 3, max_size: int = 8) -> shardsim.Mesh:
-    """A mesh of 1-3 axes with sizes 1-8 and at most MAX_CHIPS chips."""
-    n = draw(st.integers(min_axes, max_axes))
-    names = draw(st.sampled_from([SHORT_NAMES, LONG_NAMES]))[:n]
-    sizes: list[int] = []
-    budget = MAX_CHIPS
-    for _ in names:
-        size = draw(st.integers(1, min(max_size, budget)))
-        sizes.append(size)
-        budget //= size
-    return shardsim.Mesh(dict(zip(names, sizes)))
-
-
-@st.composite
-def layouts(
-    draw: st.DrawFn, mesh: shardsim.Mesh, rank: int, *, partial: bool = False, names: Sequence[str] = DIM_NAMES
-) -> Layout:
-    """A random legal layout: each mesh axis splits one dimension, is a partial sum, or is unused."""
-    slots: list[list[str]] = [[] for _ in range(rank + 1)]  # one per dim, then the partial sum
-    for axis in draw(st.permutations(mesh.axis_names)):
-        where = draw(st.integers(-1, rank if partial else rank - 1))  # -1: replicated
-        if where >= 0:
-            slots[where].append(axis)
-    dims = tuple(Dim(names[i], tuple(slots[i])) for i in range(rank))
-    return Layout(dims, tuple(slots[rank]))
 
 
 def parts(mesh: shardsim.Mesh, axes: Sequence[str]) -> int:

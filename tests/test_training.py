@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import shardsim as ss
 from shardsim import mlp
 from shardsim.dtypes import tolerance
-from shardsim.training import SGD, Adam, AdamW, Trainer, train_step
+from shardsim.training import SGD, Adam, AdamW, Precision, Trainer, optim, train_step
 from strategies_core import MLP_SCHEMES, scheme_meshes
 from training_reference import Bound, Opt, _step, gradient_rel_error, train, weight_ulp
 
@@ -185,12 +185,80 @@ def test_sgd_with_momentum_by_hand() -> None:
 
 def test_unknown_names() -> None:
     params, _, _ = small()
-    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+    with pytest.raises(ss.ShardingError, match="unknown precision 'fp8'; choose one of"):
         Trainer("ddp", ss.Mesh(X=2), params, precision="fp8")
+    with pytest.raises(ss.ShardingError, match="unknown optimizer 'adagrad'; choose one of"):
+        Trainer("ddp", ss.Mesh(X=2), params, "adagrad")
+    with pytest.raises(ss.ShardingError, match="unknown optimizer 'lion'"):
+        optim.get("lion")
+    with pytest.raises(ss.ShardingError, match=r"optimizer 'adam' has no option\(s\) \['momentum'\]"):
+        optim.get("adam", momentum=0.9)
+    with pytest.raises(ss.ShardingError, match=r"optimizer must be shardsim\.training\.SGD, Adam or AdamW"):
+        Trainer("ddp", ss.Mesh(X=2), params, object())
     with pytest.raises(ss.ShardingError, match="unknown scheme 'zero4'"):
         Trainer("zero4", ss.Mesh(X=2), params)
     with pytest.raises(ss.ShardingError, match=r"same L"):
         Trainer("ddp", ss.Mesh(X=2), {"w_in": params["w_in"], "w_out": params["w_out"][:1]})
+
+
+def test_optimizer_names_are_names() -> None:
+    params, x, y = small()
+    by_name = Trainer("zero2", ss.Mesh(X=2), params, "momentum").step(x, y)
+    by_value = Trainer("zero2", ss.Mesh(X=2), params, SGD(lr=0.01, momentum=0.9)).step(x, y)
+    assert by_name.loss == by_value.loss
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        # these raised nothing, or ZeroDivisionError, or "math domain error", or a NumPy type error
+        (lambda: SGD(lr=-0.1), "SGD lr must be a finite number above 0, got -0.1"),
+        (lambda: SGD(lr=0.0), "SGD lr must be a finite number above 0"),
+        (lambda: Adam(lr=float("nan")), "Adam lr must be a finite number above 0, got nan"),
+        (lambda: AdamW(lr=float("inf")), "AdamW lr must be a finite number above 0"),
+        (lambda: SGD(lr="0.1"), r"SGD lr must be a number, got '0.1' \(str\)"),
+        (lambda: SGD(momentum=-0.5), "SGD momentum must be a finite number at least 0"),
+        (lambda: Adam(b1=1.0), "Adam b1 must be a finite number at least 0 and below 1, got 1.0"),
+        (lambda: Adam(b2=2.0), "Adam b2 must be a finite number at least 0 and below 1, got 2.0"),
+        (lambda: Adam(eps=0.0), "Adam eps must be a finite number above 0"),
+        (lambda: Adam(weight_decay=-1.0), "Adam weight_decay must be a finite number at least 0"),
+        (lambda: Adam().update(np.ones(2), np.ones(2), Adam().init_state(np.ones(2)), 0), "counts from 1, got 0"),
+        (lambda: SGD().update(np.ones(2), np.ones(2), {}, -3), "counts from 1, got -3"),
+        (lambda: SGD().update(np.ones(2), np.ones(2), {}, 1.5), "whole number counting from 1, got 1.5"),
+    ],
+)
+def test_optimizer_options_that_make_no_sense(make, match: str) -> None:
+    with pytest.raises(ss.ShardingError, match=match):
+        make()
+
+
+def test_trainer_arguments_that_make_no_sense() -> None:
+    params, _, _ = small()
+    with pytest.raises(ss.ShardingError, match="Trainer needs params"):  # was StopIteration
+        Trainer("ddp", ss.Mesh(X=2), {})
+    with pytest.raises(ss.ShardingError, match=r"Trainer needs a shardsim\.Mesh, got dict"):
+        Trainer("ddp", {"X": 2}, params)  # type: ignore[arg-type]
+    with pytest.raises(ss.ShardingError, match=r"loss_scale must be a finite number above 0, got 0\.0"):  # was 1 / 0
+        Trainer("ddp", ss.Mesh(X=2), params, precision="fp16", loss_scale=0)
+    with pytest.raises(ss.ShardingError, match="no closed form"):
+        _ = Precision.of("fp64").formula_name
+
+
+@pytest.mark.parametrize(
+    "microbatches, error, match",
+    [
+        (3, ss.DivisibilityError, r"microbatches=3: the 8 rows .* do not divide by 3; pass one of \[1, 2, 4, 8\]"),
+        (0, ss.ShardingError, "option microbatches must be a whole number >= 1, got 0"),  # was: the default
+        (-2, ss.ShardingError, "option microbatches must be a whole number >= 1, got -2"),
+        (2.5, ss.ShardingError, "got 2.5"),  # was: 2
+        ("a", ss.ShardingError, "got 'a'"),  # was: ValueError from int()
+    ],
+)
+def test_pipeline_microbatches_that_do_not_divide(microbatches, error, match: str) -> None:
+    params = ss.strategies.get("pp").init(8, 16)
+    x = np.ones((8, 8), np.float32)
+    with pytest.raises(error, match=match):
+        ss.run_strategy("pp", ss.Mesh(Z=2), params, x, x, microbatches=microbatches)
 
 
 def test_train_command_prints_losses_and_memory(capsys) -> None:

@@ -45,6 +45,7 @@ from .mesh import Mesh
 from .pictures import _table, chip_lines
 from .strategies import StrategyResult
 from .strategies.base import ROLE_DEFAULTS
+from .strategies.runner import run as run_scheme
 from .tracing import Event
 from .training import cli as train_cli
 
@@ -180,7 +181,7 @@ def default_mesh(scheme: strategies.Scheme, chips: int = 2) -> tuple[Mesh, dict[
 
 
 def run_demo(
-    name: str,
+    name: str | strategies.Scheme,
     *,
     batch: int = SEED_SIZES["batch"],
     d_model: int = SEED_SIZES["d_model"],
@@ -202,7 +203,7 @@ def run_demo(
     >>> r.ok, r.result.layouts["x"], str(r.result.mesh)
     (True, '[B, D_Y]', 'Mesh(Y=2)')
     """
-    scheme = strategies.get(name)
+    scheme = name if isinstance(name, strategies.Scheme) else strategies.get(name)  # a user's scheme too
     dt = resolve_dtype(dtype)
     if axes is not None:  # the roles this scheme has (one --axes may serve several schemes)
         axes = {role: axis for role, axis in axes.items() if role in scheme.roles} or None
@@ -219,7 +220,7 @@ def run_demo(
     rng = np.random.default_rng(seed + 1)
     x = rng.standard_normal((batch, d_model)).astype(dt)
     dout = rng.standard_normal((batch, d_model)).astype(dt)
-    result = strategies.run_strategy(name, the_mesh, params, x, dout, activation=activation, axes=axes, **opts)
+    result = run_scheme(scheme, the_mesh, params, x, dout, activation=activation, axes=axes, **opts)
     want_out, want_grads = scheme.reference(params, x, dout, activation, **opts)
     contraction = max(batch, d_model, d_ff)
     checks = [_check("Out", result.out, want_out, dtype, contraction)]

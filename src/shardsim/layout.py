@@ -19,8 +19,12 @@ import numbers
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from .errors import LayoutParseError, MatmulShardingError, MeshAxisError, ShapeError
+
+if TYPE_CHECKING:
+    from .mesh import Mesh
 
 # A letter (any script: mesh axes may be named "αβ"), then letters and digits; never "_".
 _NAME = re.compile(r"[^\W\d_][^\W_]*")
@@ -64,6 +68,33 @@ class Layout:
         if not isinstance(text, str):
             raise LayoutParseError(f"a layout is a string such as '[B_X, D_Y]', got {text!r}")
         return _Parser(text, axis_names).parse()
+
+    # -- JAX PartitionSpec and DTensor placements (the mapping lives in shardsim.specs) -----
+    @classmethod
+    def from_partition_spec(cls, spec: Iterable[Any], mesh: Mesh, **kwargs: Any) -> Layout:
+        """The layout of a ``PartitionSpec`` on ``mesh`` (see :func:`shardsim.specs.from_partition_spec`)."""
+        from .specs import from_partition_spec
+
+        return from_partition_spec(spec, mesh, **kwargs)
+
+    def to_partition_spec(self) -> Any:
+        """This layout as a ``PartitionSpec`` (see :func:`shardsim.specs.to_partition_spec`)."""
+        from .specs import to_partition_spec
+
+        return to_partition_spec(self)
+
+    @classmethod
+    def from_placements(cls, placements: Sequence[Any], mesh: Mesh, ndim: int, **kwargs: Any) -> Layout:
+        """The layout of DTensor placements on ``mesh`` (see :func:`shardsim.specs.from_placements`)."""
+        from .specs import from_placements
+
+        return from_placements(placements, mesh, ndim, **kwargs)
+
+    def to_placements(self, mesh: Mesh) -> tuple[Any, ...]:
+        """This layout as DTensor placements, one per mesh axis (see :func:`shardsim.specs.to_placements`)."""
+        from .specs import to_placements
+
+        return to_placements(self, mesh)
 
     @property
     def rank(self) -> int:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
+import os
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,8 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .errors import ShardingError
+
 if TYPE_CHECKING:
     from .array import ShardedArray
+    from .cost.timeline import Timeline
+    from .trace_events import TraceSlice
 
 _phase: contextvars.ContextVar[str] = contextvars.ContextVar("shardsim_phase", default="forward")
 _active: contextvars.ContextVar[tuple[Trace, ...]] = contextvars.ContextVar("shardsim_traces", default=())
@@ -119,6 +125,68 @@ class Trace:
     def __iter__(self) -> Iterator[Event]:
         return iter(self.events)
 
+    def to_records(self) -> list[dict[str, Any]]:
+        """One plain dict per event, its fields by name: ``pandas.DataFrame(t.to_records())`` is a table.
+
+        >>> import numpy as np, shardsim
+        >>> w = shardsim.shard(np.ones((8, 8), np.float32), shardsim.Mesh(X=4), "D_X F").named("W")
+        >>> with shardsim.trace() as t:
+        ...     full = shardsim.all_gather(w, "X")
+        >>> r = t.to_records()[0]
+        >>> r["op"], r["axes"], r["label"], r["sent_bytes"]
+        ('all_gather', ('X',), 'W', 192)
+        """
+        return [dataclasses.asdict(e) for e in self.events]
+
+    def to_chrome_trace(
+        self, path: str | os.PathLike[str] | None = None, timeline: Timeline | None = None
+    ) -> dict[str, Any]:
+        """Write the trace as Trace Event Format JSON, which Perfetto and ``chrome://tracing`` open.
+
+        One track per set of chips (all chips, or a pipeline stage's: ``Event.where``) for the
+        matmuls, and one per network (the collective's mesh axes) for the collectives; each phase
+        (forward, backward...) is a slice holding its events' slices; every event's fields (bytes,
+        FLOPs, layouts: :meth:`to_records`) are its slice's ``args``. Without ``timeline`` time is
+        event order (event ``i`` takes 1 µs from ``i`` µs); with the cost model's time line of this
+        trace (:func:`shardsim.cost.timeline_of`) events take their place and length on it.
+        Returns the JSON document; ``path`` None writes no file. Several traces and time lines go
+        in one file with :func:`shardsim.trace_events.export_chrome_trace`.
+
+        >>> import numpy as np, shardsim
+        >>> w = shardsim.shard(np.ones((8, 8), np.float32), shardsim.Mesh(X=4), "D_X F").named("W")
+        >>> with shardsim.trace() as t:
+        ...     full = shardsim.all_gather(w, "X")
+        >>> doc = t.to_chrome_trace()
+        >>> [(e["name"], e["ts"], e["dur"]) for e in doc["traceEvents"] if e["ph"] == "X"]
+        [('forward', 0, 1), ('all_gather X W', 0, 1)]
+        """
+        from .trace_events import write_chrome_trace
+
+        return write_chrome_trace(self.chrome_slices(timeline), path, "shardsim trace")
+
+    def chrome_slices(self, timeline: Timeline | None = None) -> list[TraceSlice]:
+        """The slices :meth:`to_chrome_trace` exports: one per event, in event order or on ``timeline``."""
+        from .trace_events import TraceSlice
+
+        records = self.to_records()
+        if timeline is None:
+            return [
+                TraceSlice(_event_track(e), _event_name(e), e.phase, e.index, e.index + 1, r, e.is_collective)
+                for e, r in zip(self.events, records)
+            ]
+        slices = []
+        for b in timeline.bars:
+            if b.index >= len(self.events) or self.events[b.index].op != b.op:
+                raise ShardingError(
+                    f"the time line's bar {b.index} ({b.op}) is no event of this trace; pass the time line "
+                    "made from this trace: shardsim.cost.timeline_of(trace, hardware, mesh)"
+                )
+            e = self.events[b.index]
+            args = {**records[b.index], "start_s": b.start, "end_s": b.end, "hidden_s": b.hidden}
+            us = (b.start * 1e6, b.end * 1e6)
+            slices.append(TraceSlice(b.stream, _event_name(e), e.phase, *us, args, not b.is_compute))
+        return slices
+
     def __str__(self) -> str:
         from .pictures import trace_table
 
@@ -128,6 +196,20 @@ class Trace:
         from .pictures import trace_html
 
         return trace_html(self)
+
+
+def _event_track(e: Event) -> str:
+    """``chips`` / ``chips Z1`` for local work, ``network X`` / ``network X,Y Z1`` for a collective."""
+    where = f" {e.where}" if e.where else ""
+    if e.is_collective:
+        return "network " + ",".join(e.axes) + where
+    return "chips" + where
+
+
+def _event_name(e: Event) -> str:
+    from .trace_events import slice_name
+
+    return slice_name(e.op, e.axes, e.label, e.is_collective)
 
 
 @contextlib.contextmanager

@@ -25,11 +25,14 @@ lengthens the step by exactly ``comm_hidden_s``.
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..mesh import Mesh
+from ..trace_events import TraceSlice, slice_name, write_chrome_trace
 from ..tracing import COLLECTIVES, Event, Trace
 from .collectives import collective_time
 from .hardware import Hardware
@@ -144,6 +147,42 @@ class Timeline:
         from .gantt import gantt_png
 
         return gantt_png(self, path, **kwargs)
+
+    def to_chrome_trace(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """Write the time line as Trace Event Format JSON (Perfetto, ``chrome://tracing``).
+
+        One track per stream (``compute``, ``compute Z1``, ``comm X``...: each set of chips'
+        compute and each network), each phase a slice holding its bars, times in µs; every
+        bar's fields (bytes, FLOPs, bound, hidden seconds) are its slice's ``args``. Where a
+        bar's ``hidden`` part overlaps compute, Perfetto shows the two tracks side by side.
+        Returns the JSON document; ``path`` None writes no file.
+
+        >>> import shardsim
+        >>> from shardsim.cost import timeline_of
+        >>> mesh = shardsim.Mesh(X=4)
+        >>> w = shardsim.shard(shardsim.ShapeDtype((8192, 8192), "bfloat16"), mesh, "D_X F")
+        >>> with shardsim.trace() as t:
+        ...     full = shardsim.all_gather(w, "X")
+        >>> doc = timeline_of(t, "tpu-v5p", mesh).to_chrome_trace()
+        >>> [(e["name"], e["dur"]) for e in doc["traceEvents"] if e["ph"] == "X"]
+        [('forward', 745.654), ('all_gather X', 745.654)]
+        """
+        return write_chrome_trace(self.chrome_slices(), path, self.title or "shardsim time line")
+
+    def chrome_slices(self) -> list[TraceSlice]:
+        """The slices :meth:`to_chrome_trace` exports: one per bar, on its stream."""
+        return [
+            TraceSlice(
+                b.stream,
+                slice_name(b.op, b.axes, b.label, not b.is_compute),
+                b.phase,
+                b.start * 1e6,
+                b.end * 1e6,
+                {**dataclasses.asdict(b), "seconds": b.seconds, "exposed": b.exposed},
+                not b.is_compute,
+            )
+            for b in self.bars
+        ]
 
     def __str__(self) -> str:
         return self.text()

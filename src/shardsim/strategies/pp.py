@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import mlp
 from ..array import ShardedArray
-from ..errors import ShardingError
+from ..errors import DivisibilityError, ShardingError
 from ..pipeline.execute import PipelineStep
 from ..pipeline.schedule import Schedule, make
 from . import tp
@@ -123,8 +123,27 @@ def schedule_for(ctx: Ctx, x: ShardedArray, params: Params) -> Schedule:
     p = x.mesh.axis_size(ctx.axis("pipe"))
     chunks = params["w_in"].global_shape[0] if params["w_in"].ndim == 4 else 1
     name = ctx.options.get("schedule", "interleaved" if chunks > 1 else "1f1b")
-    m = ctx.options.get("microbatches") or default_microbatches(x.local_shape[0], p, name == "interleaved")
-    return make(name, p, int(m), chunks)
+    return make(name, p, microbatches(ctx, x.local_shape[0], p, name == "interleaved"), chunks)
+
+
+def microbatches(ctx: Ctx, per_chip: int, stages: int, multiple: bool) -> int:
+    """The ``microbatches`` option, checked: a whole number >= 1 dividing the per-chip batch.
+
+    >>> microbatches(Ctx(options={"microbatches": 3}), 6, 2, False), microbatches(Ctx(), 8, 2, False)
+    (3, 4)
+    """
+    m = ctx.options.get("microbatches")
+    if m is None:
+        return default_microbatches(per_chip, stages, multiple)
+    if isinstance(m, (bool, np.bool_)) or not isinstance(m, (int, np.integer)) or m < 1:
+        raise ShardingError(f"option microbatches must be a whole number >= 1, got {m!r}")
+    if per_chip % m:
+        divisors = [d for d in range(1, per_chip + 1) if per_chip % d == 0]
+        raise DivisibilityError(
+            f"option microbatches={m}: the {per_chip} rows of the batch each chip holds do not divide by {m}; "
+            f"pass one of {divisors}"
+        )
+    return int(m)
 
 
 def default_microbatches(per_chip: int, stages: int, multiple: bool) -> int:

@@ -3,7 +3,9 @@
 A :class:`Trainer` holds an MLP's sharded weights and optimizer state under one scheme
 (``ddp``, ``zero1``, ``zero2``, ``zero3`` = ``fsdp``, ``tp``, ``fsdp_tp``) and runs training
 steps: forward, mean-squared-error loss, backward, gradient synchronisation and update,
-with every collective in the trace and every chip's bytes in the ledger.
+with every collective in the trace and every chip's bytes in the ledger. A step either
+happens or it does not (one that raises changes nothing); float16 steps check their
+gradients and skip an overflowing update (:class:`DynamicLossScale`).
 
 >>> import numpy as np, shardsim
 >>> params = shardsim.mlp.init_stack(2, 8, 16, seed=0)
@@ -22,6 +24,18 @@ from __future__ import annotations
 from .loss import mse
 from .optim import SGD, Adam, AdamW, Optimizer
 from .precision import Precision
+from .scaling import DynamicLossScale
 from .trainer import StepResult, Trainer, train_step
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "Precision", "StepResult", "Trainer", "mse", "train_step"]
+__all__ = [
+    "SGD",
+    "Adam",
+    "AdamW",
+    "DynamicLossScale",
+    "Optimizer",
+    "Precision",
+    "StepResult",
+    "Trainer",
+    "mse",
+    "train_step",
+]

@@ -19,11 +19,38 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
+from ..errors import ShardingError
+from .scaling import number
+
 State = dict[str, np.ndarray]
+
+
+def _check(name: str, value: float, *, low: float, above: bool, below: float | None = None) -> None:
+    """Raise unless ``value`` is a finite number ``> low`` (``above``) or ``>= low``, and ``< below``."""
+    v = number(value, f"{name}")
+    ok = math.isfinite(v) and (v > low if above else v >= low) and (below is None or v < below)
+    if not ok:
+        want = f"{'above' if above else 'at least'} {low:g}" + (f" and below {below:g}" if below is not None else "")
+        raise ShardingError(f"{name} must be a finite number {want}, got {value!r}")
+
+
+def check_step(step: int) -> int:
+    """An optimizer step number: a whole number from 1 (Adam's bias correction divides by ``1 - b^t``).
+
+    >>> check_step(0)
+    Traceback (most recent call last):
+    ...
+    shardsim.errors.ShardingError: the optimizer step counts from 1, got 0: pass step=1 for the first update
+    """
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)):
+        raise ShardingError(f"the optimizer step is a whole number counting from 1, got {step!r}")
+    if step < 1:
+        raise ShardingError(f"the optimizer step counts from 1, got {step}: pass step=1 for the first update")
+    return int(step)
 
 
 @dataclass(frozen=True)
@@ -43,6 +70,11 @@ class SGD:
     momentum: float = 0.0
     weight_decay: float = 0.0
 
+    def __post_init__(self) -> None:
+        _check("SGD lr", self.lr, low=0, above=True)
+        _check("SGD momentum", self.momentum, low=0, above=False)
+        _check("SGD weight_decay", self.weight_decay, low=0, above=False)
+
     @property
     def name(self) -> str:
         """``momentum`` or ``sgd``: the key of :data:`shardsim.formulas.MOMENTS`."""
@@ -59,6 +91,7 @@ class SGD:
 
     def update(self, w: np.ndarray, g: np.ndarray, state: State, step: int) -> None:
         """One step in place on ``w`` and ``state`` (``step`` counts from 1)."""
+        check_step(step)
         g = g.astype(w.dtype, copy=False)  # a 16-bit gradient joins float32 master weights
         if self.weight_decay:
             g = g + self.weight_decay * w
@@ -90,6 +123,16 @@ class Adam:
     decoupled: bool = False
     slots: ClassVar[tuple[str, ...]] = ("m", "v")
 
+    def __post_init__(self) -> None:
+        what = "AdamW" if self.decoupled else "Adam"
+        _check(f"{what} lr", self.lr, low=0, above=True)
+        _check(f"{what} b1", self.b1, low=0, above=False, below=1)
+        _check(f"{what} b2", self.b2, low=0, above=False, below=1)
+        _check(f"{what} eps", self.eps, low=0, above=True)
+        _check(f"{what} weight_decay", self.weight_decay, low=0, above=False)
+        if not isinstance(self.decoupled, (bool, np.bool_)):
+            raise ShardingError(f"Adam decoupled must be True or False, got {self.decoupled!r}")
+
     @property
     def name(self) -> str:
         return "adamw" if self.decoupled else "adam"
@@ -99,6 +142,7 @@ class Adam:
 
     def update(self, w: np.ndarray, g: np.ndarray, state: State, step: int) -> None:
         """One step in place on ``w``, ``m`` and ``v`` (``step`` counts from 1)."""
+        step = check_step(step)
         g = g.astype(w.dtype, copy=False)  # a 16-bit gradient joins float32 master weights
         if self.weight_decay and not self.decoupled:
             g = g + self.weight_decay * w
@@ -135,14 +179,23 @@ def AdamW(  # noqa: N802 - reads as the optimizer's name
 Optimizer = SGD | Adam
 
 
-def get(name: str, lr: float | None = None, **kwargs: float) -> Optimizer:
+def get(name: str, lr: float | None = None, **kwargs: Any) -> Optimizer:
     """An optimizer by name: ``sgd``, ``momentum`` (SGD with momentum 0.9), ``adam``, ``adamw``.
 
     >>> get("momentum", lr=0.1)
     SGD(lr=0.1, momentum=0.9, weight_decay=0.0)
+    >>> get("adagrad")
+    Traceback (most recent call last):
+    ...
+    shardsim.errors.ShardingError: unknown optimizer 'adagrad'; choose one of ['sgd', 'momentum', 'adam', 'adamw']
     """
     if lr is not None:
         kwargs["lr"] = lr
+    accepted = {"sgd": ("lr", "momentum", "weight_decay"), "momentum": ("lr", "momentum", "weight_decay")}
+    known = accepted.get(name, ("lr", "b1", "b2", "eps", "weight_decay"))
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        raise ShardingError(f"optimizer {name!r} has no option(s) {unknown}; it takes {list(known)}")
     if name == "sgd":
         return SGD(**kwargs)
     if name == "momentum":
@@ -151,4 +204,4 @@ def get(name: str, lr: float | None = None, **kwargs: float) -> Optimizer:
         return Adam(**kwargs)
     if name == "adamw":
         return AdamW(**kwargs)
-    raise ValueError(f"unknown optimizer {name!r}; choose one of ['sgd', 'momentum', 'adam', 'adamw']")
+    raise ShardingError(f"unknown optimizer {name!r}; choose one of ['sgd', 'momentum', 'adam', 'adamw']")

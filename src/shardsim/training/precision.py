@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import resolve_dtype
+from ..errors import ShardingError
+from .scaling import DynamicLossScale, check_scale
 
 _NAMES = {
     "fp32": ("float32", None),
@@ -43,13 +45,20 @@ class Precision:
     moments share their dtype). ``reduce``: the dtype gradients are summed over the
     data-parallel chips in, and so the bytes they put on the wire; by default the compute
     dtype (16 bits: the ZeRO paper's accounting). ``loss_scale`` multiplies dOut and divides
-    the gradients before the update (static loss scaling, for float16's narrow range).
+    the gradients before the update, for float16's narrow range: a number (a static scale),
+    or ``"dynamic"`` / a :class:`~shardsim.training.scaling.DynamicLossScale` (halved on
+    overflow, doubled after a run of good steps). With float16 compute or any loss scale the
+    gradients are checked for inf/NaN before the update and an overflowing step is skipped
+    (:mod:`shardsim.training.scaling`).
+
+    >>> Precision.of("fp16", loss_scale="dynamic").loss_scale
+    DynamicLossScale(init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000)
     """
 
     compute: np.dtype
     master: np.dtype | None = None
     reduce: np.dtype = None  # type: ignore[assignment]  # set in __post_init__
-    loss_scale: float = 1.0
+    loss_scale: float | DynamicLossScale = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute", resolve_dtype(self.compute))
@@ -57,9 +66,12 @@ class Precision:
             object.__setattr__(self, "master", resolve_dtype(self.master))
         reduce = self.compute if self.reduce is None else resolve_dtype(self.reduce)
         object.__setattr__(self, "reduce", reduce)
+        object.__setattr__(self, "loss_scale", _scale_policy(self.loss_scale))
 
     @classmethod
-    def of(cls, spec: str | Precision, reduce: Any = None, loss_scale: float | None = None) -> Precision:
+    def of(
+        cls, spec: str | Precision, reduce: Any = None, loss_scale: float | str | DynamicLossScale | None = None
+    ) -> Precision:
         """A policy by name: ``fp32``, ``fp64``, ``bf16`` (= ``mixed``) or ``fp16``.
 
         >>> Precision.of("fp16", reduce="float32").reduce.name
@@ -67,23 +79,47 @@ class Precision:
         """
         if isinstance(spec, Precision):
             base = spec
+        elif isinstance(spec, str) and spec in _NAMES:
+            compute, master = _NAMES[spec]
+            base = cls(resolve_dtype(compute), None if master is None else resolve_dtype(master))
         else:
-            try:
-                compute, master = _NAMES[spec]
-            except KeyError:
-                raise ValueError(f"unknown precision {spec!r}; choose one of {sorted(_NAMES)}") from None
-            base = cls(compute, master)
+            raise ShardingError(
+                f"unknown precision {spec!r}; choose one of {sorted(_NAMES)} or pass a shardsim.training.Precision"
+            )
         return cls(
             base.compute,
             base.master,
             base.reduce if reduce is None else reduce,
-            base.loss_scale if loss_scale is None else loss_scale,
+            base.loss_scale if loss_scale is None else _scale_policy(loss_scale),
         )
 
     @property
     def mixed(self) -> bool:
         """True when the optimizer keeps master weights apart from the compute weights."""
         return self.master is not None
+
+    @property
+    def dynamic(self) -> DynamicLossScale | None:
+        """The dynamic loss-scale policy, or None for a static scale."""
+        return self.loss_scale if isinstance(self.loss_scale, DynamicLossScale) else None
+
+    @property
+    def initial_scale(self) -> float:
+        """The loss scale of the first step.
+
+        >>> Precision.of("fp16", loss_scale=256).initial_scale, Precision.of("fp16", loss_scale="dynamic").initial_scale
+        (256.0, 65536.0)
+        """
+        return self.loss_scale.init_scale if isinstance(self.loss_scale, DynamicLossScale) else self.loss_scale
+
+    @property
+    def checks_overflow(self) -> bool:
+        """True when a step checks its gradients for inf/NaN first: float16 compute, or a loss scale.
+
+        >>> Precision.of("fp16").checks_overflow, Precision.of("bf16").checks_overflow
+        (True, False)
+        """
+        return self.compute == np.float16 or self.dynamic is not None or self.loss_scale != 1
 
     @property
     def state_dtype(self) -> np.dtype:
@@ -97,13 +133,28 @@ class Precision:
         >>> Precision.of("bf16").formula_name
         'mixed'
         """
-        if self.mixed and self.compute.itemsize == 2 and self.master.itemsize == 4 and self.reduce.itemsize == 2:
+        master = self.master
+        if master is not None and self.compute.itemsize == 2 and master.itemsize == 4 and self.reduce.itemsize == 2:
             return "mixed"
         if not self.mixed and self.compute.itemsize == 4 and self.reduce.itemsize == 4:
             return "fp32"
-        raise ValueError(f"no closed form for {self}: the formulas cover 16-bit mixed precision and plain float32")
+        raise ShardingError(f"no closed form for {self}: the formulas cover 16-bit mixed precision and plain float32")
 
     def __str__(self) -> str:
         master = f", master {self.master}" if self.master is not None else ""
-        scale = f", loss scale {self.loss_scale:g}" if self.loss_scale != 1 else ""
+        if self.dynamic is not None:
+            scale = f", dynamic loss scale from {self.dynamic.init_scale:g}"
+        else:
+            scale = f", loss scale {self.loss_scale:g}" if self.loss_scale != 1 else ""
         return f"compute {self.compute}{master}, reduce {self.reduce}{scale}"
+
+
+def _scale_policy(scale: Any) -> float | DynamicLossScale:
+    """A loss scale as given: a number (static), ``"dynamic"`` or a :class:`DynamicLossScale`."""
+    if isinstance(scale, DynamicLossScale):
+        return scale
+    if isinstance(scale, str):
+        if scale != "dynamic":
+            raise ShardingError(f"loss_scale must be a number, 'dynamic' or a DynamicLossScale, got {scale!r}")
+        return DynamicLossScale()
+    return check_scale(scale)

@@ -5,6 +5,10 @@ steps :func:`shardsim.run_strategy` runs), then the optimizer step, and reports 
 the trace (phases ``forward``, ``loss``, ``backward``, ``recompute``, ``optimizer``) and every
 chip's memory by category, measured by the ledger from the values' real lifetimes.
 
+A step either happens or it does not: when :meth:`Trainer.step` raises (a failed chip, out of
+memory, bad input), the weights, master weights, optimizer moments, step count and loss scale
+are exactly as before the call, and a retry once the fault is gone computes the same step.
+
 Where the optimizer state lives (``state_layouts``) decides the optimizer step:
 
 - the weights' own layout (ddp, fsdp = zero3, tp, fsdp_tp): each chip updates what it holds,
@@ -27,6 +31,7 @@ Where the optimizer state lives (``state_layouts``) decides the optimizer step:
 from __future__ import annotations
 
 import contextlib
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,9 +59,11 @@ from ..strategies.runner import (
     weight_names,
 )
 from ..tracing import Trace, phase, trace
+from . import optim
 from .loss import mse
-from .optim import SGD, Adam, Optimizer  # noqa: F401 - SGD for the examples
+from .optim import SGD, Adam, Optimizer
 from .precision import Precision
+from .scaling import DynamicLossScale, ScaleState, found_inf
 
 MODEL_STATE = ("params", "grads", "optimizer")
 
@@ -76,6 +83,8 @@ class StepResult:
     pass: what the blocks keep for the backward pass, plus the output. ``layouts`` has the
     input, weights, output, reduced gradients (``dw_in``) and optimizer state (``opt_w_in``).
     ``params`` (global weights after the step) is filled by :func:`train_step`.
+    ``loss_scale`` is the scale this step multiplied dOut by; ``skipped`` is True when its
+    gradients held inf/NaN and the update was skipped (then ``step`` did not advance).
     """
 
     scheme: str
@@ -89,6 +98,8 @@ class StepResult:
     layouts: dict[str, str]
     axes: dict[str, str] = field(default_factory=dict)
     params: dict[str, np.ndarray] | None = None
+    loss_scale: float = 1.0
+    skipped: bool = False
 
 
 class Trainer:
@@ -98,8 +109,13 @@ class Trainer:
     ``[L, D, F]`` / ``[L, F, D]`` (or :class:`~shardsim.ShapeDtype` for a shape-only run at real
     sizes). ``precision`` is a :class:`Precision` or a name (``fp32``, ``fp64``, ``bf16``,
     ``fp16``), by default the params' own dtype with no master copy; ``reduce_dtype``
-    overrides the dtype gradients are reduced in. ``recompute`` keeps only each block's
-    input and runs its forward again in the backward pass.
+    overrides the dtype gradients are reduced in; ``loss_scale`` is a static scale (a
+    number), ``"dynamic"`` or a :class:`~shardsim.training.scaling.DynamicLossScale`.
+    ``optimizer`` is an optimizer or its name (``sgd``, ``momentum``, ``adam``, ``adamw``).
+    ``recompute`` keeps only each block's input and runs its forward again in the backward pass.
+
+    ``step_count`` counts the updates applied (Adam's ``t``); ``skipped_steps`` the steps
+    skipped for inf/NaN gradients; ``scale`` is the running loss scale.
 
     >>> import numpy as np, shardsim
     >>> t = Trainer("ddp", shardsim.Mesh(X=2), shardsim.mlp.init(4, 8), precision="bf16")
@@ -112,10 +128,11 @@ class Trainer:
         scheme: str | Scheme,
         mesh: Mesh,
         params: Mapping[str, Any],
-        optimizer: Optimizer | None = None,
+        optimizer: Optimizer | str | None = None,
         *,
         precision: str | Precision | None = None,
         reduce_dtype: Any = None,
+        loss_scale: float | str | DynamicLossScale | None = None,
         activation: str = "identity",
         residual: bool = False,
         recompute: bool = False,
@@ -123,11 +140,18 @@ class Trainer:
         **options: Any,
     ) -> None:
         self.scheme = strategies.get(scheme) if isinstance(scheme, str) else scheme
+        if not isinstance(mesh, Mesh):
+            raise ShardingError(f"Trainer needs a shardsim.Mesh, got {type(mesh).__name__}")
         self.mesh = mesh
-        self.optimizer: Optimizer = optimizer if optimizer is not None else Adam()
+        self.optimizer: Optimizer = _optimizer(optimizer)
+        if not isinstance(params, Mapping) or not params:
+            raise ShardingError(
+                f"Trainer needs params: a dict of weight names to global arrays such as "
+                f"{{'w_in': [D, F], 'w_out': [F, D]}}, got {params!r:.80}"
+            )
         if precision is None:  # compute in the params' own dtype, no separate master
             precision = Precision(_spec(next(iter(params.values()))).dtype)
-        self.precision = Precision.of(precision, reduce=reduce_dtype)
+        self.precision = Precision.of(precision, reduce=reduce_dtype, loss_scale=loss_scale)
         self.residual, self.recompute = residual, recompute
         self.axes = resolve_axes(self.scheme, mesh, axes)
         self.ctx = Ctx(axes=self.axes, activation=activation, options=options).check()
@@ -138,6 +162,8 @@ class Trainer:
         self.depth = stack_depth(params)
         self._blocks = [params] if self.depth is None else [layer_of(params, i) for i in range(self.depth)]
         self.step_count = 0
+        self.skipped_steps = 0
+        self.scale = ScaleState(self.precision.initial_scale)
         self.params: list[Params] = []  # the weights the chips compute with (compute dtype)
         self.master: list[Params] = []  # float32 master weights (mixed precision only), state layout
         self.moments: list[dict[str, dict[str, ShardedArray]]] = []  # optimizer state, state layout
@@ -162,13 +188,47 @@ class Trainer:
 
     # -- the step ---------------------------------------------------------------------------
     def step(self, x: Any, target: Any) -> StepResult:
-        """One training step on inputs ``x`` and regression targets ``target`` (both ``[B, D]``)."""
+        """One training step on inputs ``x`` and regression targets ``target`` (both ``[B, D]``).
+
+        All or nothing: if the step raises, the trainer's weights, master weights, moments,
+        step count and loss scale are exactly as before the call (the values the step made are
+        released, even while the caller holds the traceback), so once the fault is healed the
+        same call computes the same step, bit for bit.
+
+        >>> import numpy as np, shardsim
+        >>> mesh = shardsim.Mesh(X=2)
+        >>> t = Trainer("zero1", mesh, shardsim.mlp.init(4, 8), SGD(lr=0.1))
+        >>> x = np.ones((2, 4), np.float32)
+        >>> mesh.fail(X=1)
+        >>> try:
+        ...     t.step(x, 0 * x)
+        ... except shardsim.ChipFailureError:
+        ...     print("failed at step", t.step_count + 1)
+        failed at step 1
+        >>> mesh.heal()
+        >>> t.step(x, 0 * x).step
+        1
+        """
+        if self.scheme.check_shapes is not None:
+            self.scheme.check_shapes(self._blocks[0], x, target)
+        undo: list[_Undo] = []
+        # float16 overflows are expected here and handled: the step checks its gradients and skips
+        quiet = np.errstate(over="ignore", invalid="ignore") if self.precision.checks_overflow else None
+        try:
+            with quiet or contextlib.nullcontext():
+                return self._step(x, target, undo)
+        except BaseException as e:
+            # Release what the aborted step made (the traceback's frames hold it), then undo.
+            if e.__traceback__ is not None and e.__traceback__.tb_next is not None:
+                traceback.clear_frames(e.__traceback__.tb_next)
+            _roll_back(self.mesh, undo)
+            raise
+
+    def _step(self, x: Any, target: Any, undo: list[_Undo]) -> StepResult:
         scheme, ctx, mesh, prec = self.scheme, self.ctx, self.mesh, self.precision
-        if scheme.check_shapes is not None:
-            scheme.check_shapes(self._blocks[0], x, target)
         ledger = mesh.memory
         ledger.reset_peak()
-        self.step_count += 1
+        scale = self.scale.scale
         with trace() as t, _reductions_in(prec, ctx, scheme):
             xs = _place(x, mesh, self.layouts["x"], prec.compute, "In", "activations")
             with phase("forward"):
@@ -181,7 +241,7 @@ class Trainer:
             ts = _place(target, mesh, self.layouts["out"], prec.compute, "Target", "activations")
             out_layout = str(out.layout)
             with phase("loss"):
-                loss, dout = mse(out, ts, scale=prec.loss_scale)
+                loss, dout = mse(out, ts, scale=scale)
             del out, ts
             hand_over = [dout]  # so the backward pass holds the only reference and frees it
             del dout
@@ -192,14 +252,21 @@ class Trainer:
                 del dx
             model_state = {c: ledger.live(c) for c in MODEL_STATE}
             with phase("optimizer"):
-                grad_layouts = self._update(grads)
+                grad_layouts, skipped = self._update(grads, scale, undo)
+        # the commit: nothing below can fail
+        if skipped:
+            self.skipped_steps += 1
+        else:
+            self.step_count += 1
+        self.scale = self.scale.after(prec.dynamic, skipped)
         peaks = ledger.snapshot()["peak"]
+        names = mesh.axis_names
         layouts = {
             "x": x_layout,
             **{k: str(v.layout) for k, v in self.params[0].items()},
             "out": out_layout,
             **{f"d{k}": v for k, v in grad_layouts.items()},
-            **{f"opt_{k}": str(Layout.parse(v)) for k, v in self.state_layouts.items()},
+            **{f"opt_{k}": str(Layout.parse(v, names)) for k, v in self.state_layouts.items()},
         }
         return StepResult(
             scheme=scheme.name,
@@ -212,16 +279,39 @@ class Trainer:
             stored_activations=stored,
             layouts=layouts,
             axes=dict(self.axes),
+            loss_scale=scale,
+            skipped=skipped,
         )
 
-    def _update(self, grads: list[Grads]) -> dict[str, str]:
-        """The optimizer step, block by block; empties ``grads``. Returns the reduced gradients' layouts."""
+    def _update(self, grads: list[Grads], scale: float, undo: list[_Undo]) -> tuple[dict[str, str], bool]:
+        """The optimizer step, block by block; empties ``grads``.
+
+        Returns the reduced gradients' layouts and whether the step was skipped (inf/NaN
+        gradients). Before the first change to the trainer's state, ``undo`` gets what puts
+        it back.
+        """
         scheme, ctx, prec, opt = self.scheme, self.ctx, self.precision, self.optimizer
         gather = getattr(scheme, "gather_params", None)
         layouts: dict[str, str] = {}
+        checked = prec.checks_overflow
+        if checked:  # every gradient reduced (ZeRO-1: ReduceScattered) and checked before any update
+            for i in range(len(grads)):
+                grads[i] = reduce_gradients(scheme, ctx, grads[i])
+            layouts = {k: str(v.layout) for k, v in grads[0].items()}
+            values = [g for block in grads for g in block.values()]
+            if found_inf(values, self.mesh, f"found_inf (loss scale {scale:g})"):
+                del values
+                grads.clear()
+                return layouts, True
+            del values
+        if gather is not None:  # the AllGathers after the update can fail: keep what undoes it
+            undo.extend(self._undo_entries())
+        # else nothing after the first in-place update can fail: no collective, no allocation
+        step = self.step_count + 1
         for i in range(len(grads)):
             g, grads[i] = grads[i], {}
-            g = reduce_gradients(scheme, ctx, g)  # 1. ZeRO-1: ReduceScatter the whole gradients
+            if not checked:
+                g = reduce_gradients(scheme, ctx, g)  # 1. ZeRO-1: ReduceScatter the whole gradients
             sliced = {}
             for k in self.names:
                 gk = g.pop(k)
@@ -230,10 +320,10 @@ class Trainer:
                 grad = None
                 if not gk.is_shape_only:  # 2. every chip updates the block it holds
                     grad = gk.compact()
-                    if prec.loss_scale != 1:
-                        grad = grad.astype(w.dtype) * w.dtype.type(1.0 / prec.loss_scale)
+                    if scale != 1:
+                        grad = grad.astype(w.dtype) * w.dtype.type(1.0 / scale)
                     moments = {s: m.compact() for s, m in self.moments[i][k].items()}
-                    opt.update(w.compact(), grad, moments, self.step_count)
+                    opt.update(w.compact(), grad, moments, step)
                 del gk, grad
                 if gather is not None:
                     sliced[k] = w if not prec.mixed else cast(w, prec.compute, category="params", label=w.label)
@@ -241,9 +331,22 @@ class Trainer:
                 elif prec.mixed and not w.is_shape_only:  # refresh the 16-bit copy of the master
                     np.copyto(self.params[i][k].compact(), w.compact(), casting="unsafe")
             if gather is not None:
-                self.params[i] = dict(gather(ctx, sliced))  # 3. AllGather the updated weights
+                self.params[i].update(gather(ctx, sliced))  # 3. AllGather the updated weights
                 del sliced
-        return layouts
+        return layouts, False
+
+    def _undo_entries(self) -> list[_Undo]:
+        """What puts a ZeRO-1/2 trainer's state back: a copy of each value the update changes in
+        place (moments, masters); for the weights the AllGather replaces, their untouched blocks."""
+        entries = []
+        for path, holder, key in self._state_slots():
+            value = holder[key]
+            data = None if value.is_shape_only else value.compact()
+            if path[0] == "params":
+                entries.append(_Undo(holder, key, None, _spec_of(value), value.uid, data))
+            else:
+                entries.append(_Undo(holder, key, value, None, value.uid, None if data is None else data.copy()))
+        return entries
 
     def _to_update(self, i: int, k: str) -> ShardedArray:
         """The array the optimizer updates in place: the master, the weights, or this chip's slice."""
@@ -289,7 +392,8 @@ class Trainer:
         """What a resumed run needs, as ShardedArrays: a state for :func:`shardsim.checkpoint.save`.
 
         ``{"params": P, "moments": {slot: P}, "step": [1] int64}``, plus ``"master": P`` in
-        mixed precision, where ``P`` is ``{"w_in": ..., "w_out": ...}`` for one block and
+        mixed precision and ``"loss_scale": [2] float64`` (the running scale and its good steps)
+        with a dynamic loss scale, where ``P`` is ``{"w_in": ..., "w_out": ...}`` for one block and
         ``{"0": {...}, "1": {...}, ...}`` for a stack. Each value is held as the trainer holds
         it (weights in the scheme's layout, optimizer state in its own) and is the trainer's
         own, not a copy: save it before the next step updates it. :meth:`restore` puts it back.
@@ -316,6 +420,9 @@ class Trainer:
                 node = node.setdefault(part, {})
             node[path[-1]] = holder[key]
         out["step"] = shard(np.array([self.step_count], np.int64), self.mesh, "[N]", label="step", category="optimizer")
+        if self.precision.dynamic is not None:
+            running = np.array([self.scale.scale, self.scale.good_steps], np.float64)
+            out["loss_scale"] = shard(running, self.mesh, "[N]", label="loss_scale", category="optimizer")
         return out
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -340,8 +447,9 @@ class Trainer:
         """
         want = {path: holder[key] for path, holder, key in self._state_slots()}
         have = _flat_state(state)
-        missing = sorted("/".join(p) for p in set(want) - set(have) | ({("step",)} - set(have)))
-        extra = sorted("/".join(p) for p in set(have) - set(want) - {("step",)})
+        counters = {("step",)} | ({("loss_scale",)} if self.precision.dynamic is not None else set())
+        missing = sorted("/".join(p) for p in set(want) - set(have) | (counters - set(have)))
+        extra = sorted("/".join(p) for p in set(have) - set(want) - counters)
         if missing or extra:
             raise ShardingError(
                 f"cannot restore {self.scheme.name} trainer state: missing {missing}, unexpected {extra}; "
@@ -353,6 +461,17 @@ class Trainer:
         count = int(step.to_global()[0])
         if count < 0:
             raise ShardingError(f"cannot restore a negative step count ({count})")
+        scale = self.scale
+        if self.precision.dynamic is not None:
+            running = have[("loss_scale",)]
+            if running.is_shape_only or running.global_shape != (2,) or running.dtype.kind != "f":
+                raise ShardingError(
+                    f"cannot restore the loss scale from {running.describe()}: expected [2] floats (scale, good steps)"
+                )
+            value, good = (float(v) for v in running.to_global())
+            if not (np.isfinite(value) and value > 0 and good >= 0 and good == int(good)):
+                raise ShardingError(f"cannot restore the loss scale {value!r} with {good!r} good steps")
+            scale = ScaleState(value, int(good))
         fresh: dict[tuple[str, ...], ShardedArray] = {}
         for path, mine in want.items():
             given = have[path]
@@ -382,6 +501,7 @@ class Trainer:
         for path, holder, key in self._state_slots():
             holder[key] = fresh.pop(path)
         self.step_count = count
+        self.scale = scale
 
     def _state_slots(self) -> list[tuple[tuple[str, ...], dict[str, Any], str]]:
         """Where each value of :meth:`state` lives: its path, the dict holding it, and its key there."""
@@ -428,6 +548,56 @@ def train_step(
 
 
 # -- helpers -------------------------------------------------------------------------------
+@dataclass
+class _Undo:
+    """One state value as it was before a step changed it: the value itself and a copy of its
+    blocks (changed in place), or what rebuilds it (``spec`` and its untouched ``data``: replaced)."""
+
+    holder: dict[str, Any]
+    key: str
+    value: ShardedArray | None
+    spec: tuple[Any, ...] | None
+    uid: int
+    data: np.ndarray | None
+
+
+def _spec_of(x: ShardedArray) -> tuple[Any, ...]:
+    return (x.mesh, x.layout, x.global_shape, x.dtype, x.label, x.category)
+
+
+def _roll_back(mesh: Mesh, undo: list[_Undo]) -> None:
+    """Put every state value back as :class:`_Undo` recorded it."""
+    ledger = mesh.memory
+    capacity, ledger.capacity = ledger.capacity, None  # the values put back held these bytes before the step
+    try:
+        for u in undo:
+            if u.value is not None:
+                u.holder[u.key] = u.value
+                if u.data is not None:
+                    np.copyto(u.value.compact(), u.data)
+            elif u.holder.get(u.key) is None or u.holder[u.key].uid != u.uid:
+                u.holder[u.key] = None  # release the new value before the old one is rebuilt
+                assert u.spec is not None
+                m, layout, shape, dtype, label, category = u.spec
+                u.holder[u.key] = ShardedArray(m, layout, shape, dtype, u.data, label=label, category=category)
+    finally:
+        ledger.capacity = capacity
+
+
+def _optimizer(optimizer: Any) -> Optimizer:
+    """An optimizer, its name, or None (Adam's defaults)."""
+    if optimizer is None:
+        return Adam()
+    if isinstance(optimizer, str):
+        return optim.get(optimizer)
+    if not isinstance(optimizer, (SGD, Adam)):
+        raise ShardingError(
+            f"optimizer must be shardsim.training.SGD, Adam or AdamW (or one's name: 'sgd', 'momentum', "
+            f"'adam', 'adamw'), got {type(optimizer).__name__}"
+        )
+    return optimizer
+
+
 def _spec(value: Any) -> ShapeDtype:
     if isinstance(value, ShapeDtype):
         return value
@@ -461,7 +631,12 @@ def _place(value: Any, mesh: Mesh, layout: str, dtype: np.dtype, label: str, cat
     """``value`` (global array or ShapeDtype) in ``dtype`` and ``layout``, in a buffer of its own."""
     if isinstance(value, ShapeDtype):
         return shard(ShapeDtype(value.shape, dtype), mesh, layout, label=label, category=category)
-    return _owned(shard(np.asarray(value).astype(dtype, copy=False), mesh, layout), label, category)
+    if isinstance(value, ShardedArray):
+        raise ShardingError(f"{label} must be a global NumPy array, got {value.describe()}; pass value.to_global()")
+    a = np.asarray(value)
+    if a.dtype.kind not in "biuf":
+        raise ShardingError(f"{label} must hold real numbers, got an array of dtype {a.dtype}")
+    return _owned(shard(a.astype(dtype, copy=False), mesh, layout), label, category)
 
 
 def _owned(x: ShardedArray, label: str | None, category: str) -> ShardedArray:

@@ -1,0 +1,261 @@
+"""What context-parallel attention is asked to do, checked once: shapes, layouts, tiles, work per chip.
+
+:func:`geometry` validates ``q [B, S_C, N, H]``, ``k``/``v [B, S_C, K, H]`` and the positions
+``[S_C]`` (heads may also be split over a model axis, ``[B, S_C, N_Y, H]``) and returns a
+:class:`Geometry`: the sizes, the layouts of the running statistics and score blocks, and how
+a block step's matmuls enter the trace. Each chip's block is cut into ``tiles`` query tiles
+and ``tiles`` key tiles (two, the two chunks of the balanced split, when the block has an
+even number of rows); a kernel skips a tile pair only when every one of its keys comes after
+every one of its queries, so a diagonal tile counts in full. :meth:`Geometry.work_on` reads
+each chip's visible tile pairs from the positions of the blocks it holds.
+
+>>> import numpy as np, shardsim
+>>> from shardsim.context import balanced_order
+>>> mesh = shardsim.Mesh(C=2)
+>>> q = shardsim.shard(shardsim.ShapeDtype((1, 8, 2, 4)), mesh, "B S_C N H")
+>>> pos = shardsim.shard(balanced_order(8, 2), mesh, "[S_C]")
+>>> g = geometry(q, q, q, pos, axis="C", causal=True, scale=None)
+>>> g.tiles, g.work_on(pos, pos).tolist()     # each chip's queries against its own keys
+(2, [3, 3])
+>>> g.work_on(pos, shardsim.ppermute(pos, "C", 1)).tolist()   # ... against the other chip's
+[2, 2]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import tracing
+from ..array import ShardedArray, check_same_kind, check_same_mesh, compact_shape, held_where, local_shape_of
+from ..errors import DivisibilityError, PartialSumError, ShapeError, ShardingError
+from ..layout import Dim, Layout
+from ..mesh import Mesh
+from . import kernels
+from .checks import check_layouts, check_positions
+
+METHODS = ("ring", "all_gather")
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Sizes and layouts of one context-parallel attention (see the module doc)."""
+
+    mesh: Mesh
+    axis: str
+    cp: int
+    causal: bool
+    scale: float
+    batch: int
+    seq: int
+    heads: int
+    kv_heads: int
+    kv_local: int  # kv heads on one chip (K, or K / the model axis splitting the heads)
+    head_dim: int
+    q_layout: Layout
+    kv_layout: Layout
+    has_data: bool
+    compute: np.dtype
+    holders: np.ndarray | None
+    tiles: int
+    tile_flops: int  # per chip, one matmul of one tile pair: 2 * b * n * (rows/tiles)^2 * H
+
+    @property
+    def rows(self) -> int:
+        """Query (and key) rows per chip: S / cp."""
+        return self.seq // self.cp
+
+    @property
+    def rows_layout(self) -> Layout:
+        """``[B, N, S_C]``: per query row and head (running max, sum, log-sum-exp)."""
+        b, s, n, _ = self.q_layout.dims
+        return Layout((b, n, s))
+
+    @property
+    def acc_layout(self) -> Layout:
+        """``[B, N, S_C, H]``: heads first, as the block kernels keep the running output and dQ."""
+        b, s, n, h = self.q_layout.dims
+        return Layout((b, n, s, h))
+
+    @property
+    def block_layout(self) -> Layout:
+        """``[B, N, S_C, T]``: one chip's scores against one key block of T = S/cp rows."""
+        b, s, n, _ = self.q_layout.dims
+        return Layout((b, n, s, Dim("T")))
+
+    def shape(self, layout: Layout) -> tuple[int, ...]:
+        """The global shape of a value of :attr:`rows_layout`, :attr:`acc_layout`, :attr:`block_layout`
+        or the kv layout."""
+        rows = (self.batch, self.heads, self.seq)
+        shapes = {
+            self.rows_layout: rows,
+            self.acc_layout: (*rows, self.head_dim),
+            self.block_layout: (*rows, self.rows),
+            self.kv_layout: (self.batch, self.seq, self.kv_heads, self.head_dim),
+        }
+        return shapes[layout]
+
+    def value(
+        self,
+        layout: Layout,
+        data: np.ndarray | None,
+        label: str,
+        category: str = "temporaries",
+        *,
+        shape: tuple[int, ...] | None = None,
+        dtype: Any = None,
+    ) -> ShardedArray:
+        """A new value on the attention's chips (``data`` stacked, or None when shape-only)."""
+        dt = np.dtype(dtype) if dtype is not None else self.compute
+        if data is not None:
+            data = data.astype(dt, copy=False)
+        return ShardedArray(
+            self.mesh,
+            layout,
+            shape or self.shape(layout),
+            dt,
+            data,
+            label=label,
+            category=category,
+            holders=self.holders,
+        )
+
+    def filled(self, layout: Layout, fill: float, label: str, category: str = "temporaries") -> ShardedArray:
+        """A value of ``layout`` with every entry ``fill`` (no data when shape-only)."""
+        data = None
+        if self.has_data:
+            local = local_shape_of(self.mesh, layout, self.shape(layout))
+            data = np.full(compact_shape(self.mesh, layout, local), fill, self.compute)
+        return self.value(layout, data, label, category)
+
+    def record(self, inputs: list[ShardedArray], out: ShardedArray, work: np.ndarray) -> None:
+        """Trace one matmul of a block step: per chip, ``work[c]`` tile pairs' FLOPs.
+
+        When every chip does the same work one event stands for all; otherwise each chip
+        that works gets its own event (``Event.where``, e.g. ``"C2"``), as pipeline stages do.
+        """
+        total = self.tiles * self.tiles
+        io = sum(x.local_nbytes for x in inputs) + out.local_nbytes
+        numbers = {"local_shapes": tuple(x.local_shape for x in inputs)}
+        if (work == work[0]).all():
+            if work[0]:
+                tracing.record(
+                    "matmul",
+                    (),
+                    inputs,
+                    out,
+                    flops=int(work[0]) * self.tile_flops,
+                    hbm_bytes=io * int(work[0]) // total,
+                    **numbers,
+                )
+            return
+        for c in np.flatnonzero(work):
+            mask = self._chip(int(c))
+            tracing.record(
+                "matmul",
+                (),
+                [_held(x, mask) for x in inputs],
+                _held(out, mask),
+                flops=int(work[c]) * self.tile_flops,
+                hbm_bytes=io * int(work[c]) // total,
+                **numbers,
+            )
+
+    def work_on(self, pos_q: ShardedArray | None, pos_k: ShardedArray | None) -> np.ndarray:
+        """Per chip of the context axis, the visible tile pairs of the query and key blocks it holds
+        now, read from their positions (every tile pair when not causal)."""
+        if not self.causal or pos_q is None or pos_k is None:
+            return np.full(self.cp, self.tiles * self.tiles, np.int64)
+        counts = visible_tiles(pos_q.compact(), pos_k.compact(), self.tiles)  # mesh dims, C the only one > 1
+        along = [self.cp if a == self.axis else 1 for a in self.mesh.axis_names]
+        return np.broadcast_to(counts, along).reshape(self.cp).astype(np.int64)
+
+    def _chip(self, c: int) -> np.ndarray:
+        """The chips at position ``c`` of the context axis (and holding the attention's values)."""
+        along = np.arange(self.cp) == c
+        shape = [1] * len(self.mesh.shape)
+        shape[self.mesh.axis_index(self.axis)] = self.cp
+        mask = np.broadcast_to(along.reshape(shape), self.mesh.shape)
+        return mask & (True if self.holders is None else self.holders)
+
+
+def _held(x: ShardedArray, mask: np.ndarray) -> ShardedArray:
+    """``x`` seen from the chips in ``mask`` only: a view (no bytes) that names them in the trace."""
+    return ShardedArray(
+        x.mesh, x.layout, x.global_shape, x.dtype, None, label=x.label, category=x.category, holders=mask, view_of=x
+    )
+
+
+def geometry(
+    q: Any, k: Any, v: Any, positions: Any, *, axis: Any, causal: bool, scale: float | None, method: str = "ring"
+) -> Geometry:
+    """Check the operands of :func:`~shardsim.context.context_attention` and describe the work."""
+    if method not in METHODS:
+        raise ShardingError(f"context attention method {method!r} is not one of {list(METHODS)}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, ShardedArray):
+            raise ShardingError(f"context attention: {name} must be a ShardedArray, got {type(x).__name__}")
+    mesh = check_same_mesh(q, k, v)
+    has_data = check_same_kind(q, k, v)
+    if not isinstance(axis, str):
+        raise ShardingError(f"context attention: axis is one mesh axis name such as 'C', got {axis!r}")
+    mesh.check_axis(axis)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 4:
+            raise ShapeError(f"context attention: {name} {x.describe()} must be [B, S, heads, H] (4 dimensions)")
+        if x.is_partial:
+            raise PartialSumError(f"context attention: {name} {x.describe()} is a partial sum; reduce it first")
+    batch, seq, heads, head_dim = q.global_shape
+    kv_heads = k.global_shape[2]
+    if k.global_shape != (batch, seq, kv_heads, head_dim) or v.global_shape != k.global_shape:
+        raise ShapeError(
+            f"context attention: k {k.describe()} and v {v.describe()} must both be [B, S, K, H] = "
+            f"({batch}, {seq}, K, {head_dim}) to fit q {q.describe()}"
+        )
+    if heads % kv_heads:
+        fits = [d for d in range(1, heads + 1) if heads % d == 0]
+        raise DivisibilityError(
+            f"context attention: the {heads} query heads of q {q.describe()} do not divide into groups "
+            f"of the {kv_heads} kv heads of k {k.describe()}; use kv heads that divide {heads}: {fits}"
+        )
+    check_layouts(q, k, v, axis)
+    cp = mesh.axis_size(axis)
+    rows = seq // cp
+    tiles = 2 if rows % 2 == 0 else 1
+    check_positions(positions, q, axis, causal, seq)
+    b_loc, _, n_loc, _ = q.local_shape
+    return Geometry(
+        mesh=mesh,
+        axis=axis,
+        cp=cp,
+        causal=causal,
+        scale=float(scale) if scale is not None else 1.0 / math.sqrt(head_dim),
+        batch=batch,
+        seq=seq,
+        heads=heads,
+        kv_heads=kv_heads,
+        kv_local=k.local_shape[2],
+        head_dim=head_dim,
+        q_layout=q.layout,
+        kv_layout=k.layout,
+        has_data=has_data,
+        compute=kernels.compute_dtype(np.result_type(q.dtype, k.dtype, v.dtype)),
+        holders=held_where(q, k, v),
+        tiles=tiles,
+        tile_flops=2 * b_loc * n_loc * (rows // tiles) ** 2 * head_dim,
+    )
+
+
+def visible_tiles(pos_q: np.ndarray, pos_k: np.ndarray, tiles: int) -> np.ndarray:
+    """Tile pairs of a query block and a key block (positions ``[..., S]``, ``[..., T]``) that the
+    causal mask leaves partly visible: some key at or before some query. Shape ``[...]``.
+
+    >>> int(visible_tiles(np.array([0, 1, 6, 7]), np.array([2, 3, 4, 5]), 2))   # chunks (0, 3) vs (1, 2)
+    2
+    """
+    last_query = pos_q.reshape(*pos_q.shape[:-1], tiles, -1).max(axis=-1)  # [..., tiles]
+    first_key = pos_k.reshape(*pos_k.shape[:-1], tiles, -1).min(axis=-1)
+    return (first_key[..., None, :] <= last_query[..., :, None]).sum(axis=(-1, -2))
