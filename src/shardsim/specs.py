@@ -97,7 +97,8 @@ class PartitionSpec(tuple):  # type: ignore[type-arg]  # entries are None, str o
     def __eq__(self, other: object) -> bool:
         mine: frozenset[str] = getattr(self, "unreduced", frozenset())
         theirs = frozenset(getattr(other, "unreduced", ()) or ())
-        return isinstance(other, tuple) and tuple(self) == tuple(other) and mine == theirs
+        entries = getattr(other, "partitions", other)  # JAX's PartitionSpec is no tuple: read its entries
+        return isinstance(entries, tuple) and tuple(self) == tuple(entries) and mine == theirs
 
     def __ne__(self, other: object) -> bool:
         return not self == other
@@ -161,7 +162,8 @@ def from_partition_spec(
         raise LayoutParseError(
             f"a PartitionSpec is a sequence with one entry per dimension, e.g. P('X', None); got {spec!r}"
         )
-    entries = list(spec)
+    # JAX's PartitionSpec refuses plain iteration when it carries unreduced axes: read .partitions
+    entries = list(getattr(spec, "partitions", spec))
     rank = len(entries) if ndim is None else ndim
     if len(entries) > rank:
         raise ShapeError(f"PartitionSpec {spec!r} has {len(entries)} entries for an array of {rank} dimensions")
