@@ -19,6 +19,7 @@ from .errors import (
     CheckpointError,
     ChipFailureError,
     CollectiveError,
+    ConfigError,
     DivisibilityError,
     DtypeError,
     LayoutParseError,
@@ -39,7 +40,7 @@ from .resharding import reshard
 from .tracing import Trace, phase, trace
 
 if TYPE_CHECKING:  # loaded on first use (see __getattr__), named here for type checkers
-    from . import checkpoint, cost, formulas, memory, mlp, moe, norm, pieces, pipeline, training
+    from . import checkpoint, cost, formulas, memory, mlp, models, moe, norm, pieces, pipeline, training
     from .pictures import show
     from .strategies import run_strategy
     from .training import Trainer, train_step
@@ -78,11 +79,13 @@ def __dir__() -> list[str]:
 
 __version__ = "0.1.0"
 
+
 __all__ = [
     "ArgumentTypeError",
     "CheckpointError",
     "ChipFailureError",
     "CollectiveError",
+    "ConfigError",
     "DivisibilityError",
     "DtypeError",
     "Layout",
@@ -114,6 +117,7 @@ __all__ = [
     "matmul",
     "memory",
     "mlp",
+    "models",
     "moe",
     "norm",
     "phase",

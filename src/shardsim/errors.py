@@ -80,11 +80,16 @@ class CheckpointError(ShardsimError, OSError):
     """A checkpoint is missing, corrupt, or does not fit the requested mesh."""
 
 
+class ConfigError(ShardsimError, ValueError):
+    """A model configuration field out of range, or model inputs that do not fit the configuration."""
+
+
 __all__ = [
     "ArgumentTypeError",
     "CheckpointError",
     "ChipFailureError",
     "CollectiveError",
+    "ConfigError",
     "DivisibilityError",
     "DtypeError",
     "LayoutParseError",

@@ -1,0 +1,15 @@
+"""Transformer models: the configuration, published presets, and the single-device reference.
+
+>>> from shardsim import models
+>>> cfg = models.get("gpt-tiny")
+>>> cfg.layers, cfg.d_model, cfg.heads, cfg.vocab
+(2, 32, 4, 64)
+"""
+
+from __future__ import annotations
+
+from . import reference
+from .config import TransformerConfig
+from .presets import get, names
+
+__all__ = ["TransformerConfig", "get", "names", "reference"]

@@ -1,0 +1,201 @@
+"""The transformer's description: its sizes and options, and the one list of its weights.
+
+Dimension letters as in the scaling book's transformer chapter and Korthikanti et al. 2022:
+B batch, S sequence, D d_model, N query heads, K kv heads, H head dim, F d_ff, V vocab.
+A pre-norm decoder block (GPT-2/3, Llama):
+
+    x = x + drop(attn(norm1(x)) @ wo)        x = x + drop(mlp(norm2(x)))
+
+:meth:`TransformerConfig.param_shapes` is the only place the weights are listed; the count,
+the initialiser and the reference's checks all read it.
+
+>>> cfg = TransformerConfig(layers=2, d_model=32, heads=4, d_ff=128, vocab=64, seq=16)
+>>> cfg.n_kv, cfg.hd, cfg.param_count()
+(4, 8, 29504)
+>>> cfg.scaled(kv_heads=2).param_shapes()["layers.0.attn.wk"]
+(32, 16)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+
+MLPS = ("gelu", "swiglu")
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rope", "none")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"TransformerConfig.{name} must be a positive whole number, got {value!r}")
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"TransformerConfig.{name} must be one of {list(choices)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """A decoder-only transformer: sizes, options, and the weights they imply.
+
+    ``kv_heads`` None means multi-head attention (K = N); fewer kv heads is grouped-query
+    attention (K = 1: multi-query). ``head_dim`` None means ``d_model // heads``.
+    ``position``: ``"learned"`` absolute embeddings ``pos_embed[S, D]`` added to the token
+    embedding, ``"rope"`` rotary embeddings on q and k (base ``rope_theta``), or ``"none"``.
+    ``bias`` puts a bias on every linear layer (GPT-2/3); ``tie_embeddings`` reads the logits
+    off ``embed.T`` instead of a separate ``lm_head``. ``dropout`` is the probability of each
+    of the three dropout sites (attention probabilities, attention output, MLP output).
+
+    >>> TransformerConfig(layers=1, d_model=8, heads=3, d_ff=16, vocab=10, seq=4)
+    Traceback (most recent call last):
+    ...
+    shardsim.errors.ConfigError: TransformerConfig.d_model=8 does not divide by heads=3, ... (e.g. 1, 2, 4, 8)
+    """
+
+    layers: int
+    d_model: int
+    heads: int
+    d_ff: int
+    vocab: int
+    seq: int
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    mlp: str = "gelu"
+    norm: str = "layernorm"
+    position: str = "learned"
+    rope_theta: float = 10000.0
+    bias: bool = False
+    tie_embeddings: bool = False
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for field in ("layers", "d_model", "heads", "d_ff", "vocab", "seq"):
+            _positive_int(field, getattr(self, field))
+        if self.kv_heads is not None:
+            _positive_int("kv_heads", self.kv_heads)
+            if self.heads % self.kv_heads:
+                divisors = [k for k in range(1, self.heads + 1) if self.heads % k == 0]
+                raise ConfigError(
+                    f"TransformerConfig.heads={self.heads} does not divide by kv_heads={self.kv_heads}: every kv head "
+                    f"must serve the same number of query heads; choose kv_heads among {divisors}"
+                )
+        if self.head_dim is not None:
+            _positive_int("head_dim", self.head_dim)
+        elif self.d_model % self.heads:
+            divisors = [n for n in range(1, self.d_model + 1) if self.d_model % n == 0][:8]
+            raise ConfigError(
+                f"TransformerConfig.d_model={self.d_model} does not divide by heads={self.heads}, so the head "
+                f"dimension is not whole; give head_dim explicitly or choose heads dividing d_model "
+                f"(e.g. {', '.join(map(str, divisors[:4]))})"
+            )
+        _choice("mlp", self.mlp, MLPS)
+        _choice("norm", self.norm, NORMS)
+        _choice("position", self.position, POSITIONS)
+        if self.position == "rope" and self.hd % 2:
+            raise ConfigError(
+                f"TransformerConfig.position='rope' rotates pairs of the head dimension, which must be even; "
+                f"head dimension is {self.hd}: choose an even head_dim or position='learned'"
+            )
+        if not (isinstance(self.rope_theta, (int, float)) and math.isfinite(self.rope_theta) and self.rope_theta > 0):
+            raise ConfigError(f"TransformerConfig.rope_theta must be a positive number, got {self.rope_theta!r}")
+        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
+            raise ConfigError(
+                f"TransformerConfig.dropout is a probability in [0, 1), got {self.dropout!r}; use 0.0 for no dropout"
+            )
+        if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
+            raise ConfigError(f"TransformerConfig.norm_eps must be a positive number, got {self.norm_eps!r}")
+        for field in ("bias", "tie_embeddings"):
+            if not isinstance(getattr(self, field), bool):
+                raise ConfigError(f"TransformerConfig.{field} must be True or False, got {getattr(self, field)!r}")
+
+    @property
+    def n_kv(self) -> int:
+        """K, the number of key/value heads (``heads`` unless grouped-query).
+
+        >>> TransformerConfig(1, 8, 4, 16, 10, 4, kv_heads=1).n_kv
+        1
+        """
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def hd(self) -> int:
+        """H, the head dimension (``d_model // heads`` unless given).
+
+        >>> TransformerConfig(1, 8, 4, 16, 10, 4).hd, TransformerConfig(1, 8, 4, 16, 10, 4, head_dim=6).hd
+        (2, 6)
+        """
+        return self.d_model // self.heads if self.head_dim is None else self.head_dim
+
+    def _norm_shapes(self, prefix: str) -> dict[str, tuple[int, ...]]:
+        shapes: dict[str, tuple[int, ...]] = {f"{prefix}.gamma": (self.d_model,)}
+        if self.norm == "layernorm":
+            shapes[f"{prefix}.beta"] = (self.d_model,)
+        return shapes
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every weight's name and shape, in the order the forward pass meets them.
+
+        >>> list(TransformerConfig(1, 8, 2, 16, 10, 4, mlp="swiglu", norm="rmsnorm").param_shapes())
+        ... # doctest: +NORMALIZE_WHITESPACE
+        ['embed', 'pos_embed', 'layers.0.attn_norm.gamma', 'layers.0.attn.wq', 'layers.0.attn.wk',
+         'layers.0.attn.wv', 'layers.0.attn.wo', 'layers.0.mlp_norm.gamma', 'layers.0.mlp.w_gate',
+         'layers.0.mlp.w_up', 'layers.0.mlp.w_down', 'final_norm.gamma', 'lm_head']
+        """
+        d, f, v = self.d_model, self.d_ff, self.vocab
+        nh, kh = self.heads * self.hd, self.n_kv * self.hd
+        shapes: dict[str, tuple[int, ...]] = {"embed": (v, d)}
+        if self.position == "learned":
+            shapes["pos_embed"] = (self.seq, d)
+        for i in range(self.layers):
+            p = f"layers.{i}"
+            shapes.update(self._norm_shapes(f"{p}.attn_norm"))
+            shapes.update({f"{p}.attn.wq": (d, nh), f"{p}.attn.wk": (d, kh), f"{p}.attn.wv": (d, kh)})
+            shapes[f"{p}.attn.wo"] = (nh, d)
+            if self.bias:
+                shapes.update({f"{p}.attn.bq": (nh,), f"{p}.attn.bk": (kh,), f"{p}.attn.bv": (kh,)})
+                shapes[f"{p}.attn.bo"] = (d,)
+            shapes.update(self._norm_shapes(f"{p}.mlp_norm"))
+            if self.mlp == "gelu":
+                shapes.update({f"{p}.mlp.w_in": (d, f), f"{p}.mlp.w_out": (f, d)})
+                if self.bias:
+                    shapes.update({f"{p}.mlp.b_in": (f,), f"{p}.mlp.b_out": (d,)})
+            else:
+                shapes.update({f"{p}.mlp.w_gate": (d, f), f"{p}.mlp.w_up": (d, f), f"{p}.mlp.w_down": (f, d)})
+                if self.bias:
+                    shapes.update({f"{p}.mlp.b_gate": (f,), f"{p}.mlp.b_up": (f,), f"{p}.mlp.b_down": (d,)})
+        shapes.update(self._norm_shapes("final_norm"))
+        if not self.tie_embeddings:
+            shapes["lm_head"] = (d, v)
+        return shapes
+
+    def param_count(self) -> int:
+        """The exact number of parameters: the sum over :meth:`param_shapes`.
+
+        >>> TransformerConfig(1, 8, 2, 16, 10, 4, tie_embeddings=True).param_count()
+        672
+        """
+        return sum(math.prod(shape) for shape in self.param_shapes().values())
+
+    def scaled(self, **changes: Any) -> TransformerConfig:
+        """A copy with ``changes`` applied and validated; the name records what changed.
+
+        >>> cfg = TransformerConfig(2, 8, 2, 16, 10, 4, name="toy")
+        >>> small = cfg.scaled(layers=1)
+        >>> small.layers, small.name
+        (1, 'toy(layers=1)')
+        """
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            fields = [f.name for f in dataclasses.fields(self)]
+            raise ConfigError(f"TransformerConfig has no field {unknown[0]!r}; the fields are {fields}")
+        if self.name and "name" not in changes and changes:
+            changes["name"] = f"{self.name}({', '.join(f'{k}={v!r}' for k, v in changes.items())})"
+        return dataclasses.replace(self, **changes)
