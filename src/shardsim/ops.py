@@ -308,10 +308,10 @@ def sum_dim(x: ShardedArray, dim: str | int, *, keepdims: bool = False, label: s
     kept = (Dim(d.name),) if keepdims else ()
     layout = Layout(x.layout.dims[:i] + kept + x.layout.dims[i + 1 :], x.layout.partial + d.axes)
     shape = x.global_shape[:i] + ((1,) if keepdims else ()) + x.global_shape[i + 1 :]
-    nm = len(x.mesh.shape)
-    data = None if x.is_shape_only else np.sum(x.compact(), axis=nm + i, keepdims=keepdims)
     dtype = np.sum(np.zeros(1, x.dtype)).dtype  # NumPy's: bool and small ints sum as int64
     _check_partial_dtype(x, dtype, "sum")
+    nm = len(x.mesh.shape)
+    data = None if x.is_shape_only else np.sum(x.compact(), axis=nm + i, keepdims=keepdims)
     return ShardedArray(x.mesh, layout, shape, dtype, data, label=label, derived_from=(x,))
 
 
@@ -396,15 +396,19 @@ def _check_no_overflow(x: ShardedArray, data: np.ndarray, what: str) -> None:
     (3e308 * 10 on one chip, -2e308 * 10 on another) no longer adds up to the scaled sum."""
     if data.dtype.kind not in "fc" and data.dtype.name != "bfloat16":
         return
-    if np.isfinite(data.astype(np.complex128 if data.dtype.kind == "c" else np.float64)).all():
+    if _finite(data).all():
         return
-    blocks = x.compact()
-    if not np.isfinite(blocks.astype(np.complex128 if blocks.dtype.kind == "c" else np.float64)).all():
+    if not _finite(x.compact()).all():
         return  # already inf or nan on some chip: the sum was too, and so is its scaled value
     raise PartialSumError(
         f"{what}: a chip's partial block overflows to inf, so the blocks no longer add up to the scaled "
         f"sum; reduce {x.describe()} over {list(x.layout.partial)} first, then scale it"
     )
+
+
+def _finite(a: np.ndarray) -> np.ndarray:
+    """``np.isfinite`` for every numeric dtype, bfloat16 included (which ufuncs read as float64)."""
+    return np.isfinite(a.astype(np.complex128 if a.dtype.kind == "c" else np.float64))
 
 
 def _ndim(v: Any, what: str) -> int:
@@ -436,8 +440,7 @@ def _check_finite_factor(factor: np.ndarray, sym: str, what: str) -> None:
     f = np.asarray(factor)
     if f.dtype.kind not in "fc" and f.dtype.name != "bfloat16" and sym == "*":
         return  # integers and bools are finite
-    f64 = f.astype(np.complex128 if f.dtype.kind == "c" else np.float64)
-    bad = ~np.isfinite(f64) | ((f64 == 0) if sym == "/" else False)
+    bad = ~_finite(f) | ((f == 0) if sym == "/" else False)
     if np.any(bad):
         why = "a zero or non-finite divisor" if sym == "/" else "a non-finite factor (inf or nan)"
         raise PartialSumError(
