@@ -103,6 +103,12 @@ CASES: dict[str, tuple[int, Callable[..., Any], Callable[[Any, Sequence[Any]], b
     "partial / s": (1, lambda env, s: env["p"] / s, _scaled_partial(np.true_divide)),
     "x[i]": (1, lambda env, i: env["r"][i], lambda v, a: agrees(v, A[a[0]])),
     "x.sum(dim)": (1, lambda env, d: env["x"].sum(d), lambda v, a: _summed(v, a)),
+    "Layout.parse(axis_names)": (
+        1,
+        lambda env, n: shardsim.Layout.parse("B_X D", n),
+        lambda v, a: v == shardsim.Layout.parse("B_X D") and "X" in tuple(a[0]),
+    ),
+    "mesh.coords": (1, lambda env, i: env["mesh"].coords(i), lambda v, a: v == {"X": a[0] // 2, "Y": a[0] % 2}),
     "mesh.slow": (1, lambda env, f: env["mesh"].slow(f, X=0), lambda v, a: env_slow_ok(a)),
     "mesh.fail": (1, lambda env, i: env["mesh"].fail(X=i), lambda v, a: a[0] in (0, 1)),
     "local(X=)": (1, lambda env, i: env["x"].local(X=i, Y=0), lambda v, a: agrees(v, A[a[0] : a[0] + 1, :2])),

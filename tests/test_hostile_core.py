@@ -70,6 +70,15 @@ def test_wrong_kinds_of_argument_are_both_shardsim_and_type_errors(call: object)
     assert "must be" in str(info.value) or "is a" in str(info.value) or "needs" in str(info.value)
 
 
+def test_chip_indices_and_axis_name_lists_are_checked() -> None:
+    with pytest.raises(shardsim.ArgumentTypeError, match="integer index"):
+        Mesh(X=2).coords("1")  # type: ignore[arg-type]
+    assert Mesh(X=2, Y=2).coords(np.int64(3)) == {"X": 1, "Y": 1}
+    for names in (5, "XY", [1]):
+        with pytest.raises(shardsim.LayoutParseError, match="axis_names is a mesh's axis names"):
+            shardsim.Layout.parse("B_X", names)  # type: ignore[arg-type]
+
+
 def test_negative_shapes_and_sizes_are_refused() -> None:
     with pytest.raises(shardsim.ShapeError, match="zero or more"):
         shardsim.ShapeDtype((-1, 3))

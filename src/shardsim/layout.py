@@ -186,10 +186,26 @@ def _subscript(axes: tuple[str, ...]) -> str:
     return "_{" + ",".join(axes) + "}"
 
 
+def _axis_names(text: str, axis_names: Any) -> tuple[str, ...]:
+    """``axis_names`` as a tuple of names, or LayoutParseError saying what it must be."""
+    names: Any = None
+    if not isinstance(axis_names, (str, bytes)):
+        try:
+            names = tuple(axis_names)
+        except TypeError:
+            names = None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise LayoutParseError(
+            f"Layout.parse({text!r}, axis_names={axis_names!r}): axis_names is a mesh's axis names, "
+            "a tuple of strings such as mesh.axis_names"
+        )
+    return names
+
+
 class _Parser:
     def __init__(self, text: str, axis_names: Sequence[str] | None) -> None:
         self.text = text
-        self.axis_names = tuple(axis_names) if axis_names is not None else None
+        self.axis_names = None if axis_names is None else _axis_names(text, axis_names)
 
     def fail(self, pos: int, why: str) -> LayoutParseError:
         return LayoutParseError(

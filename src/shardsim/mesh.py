@@ -127,6 +127,11 @@ class Mesh:
     # -- chips --------------------------------------------------------------------------
     def coords(self, chip: int) -> dict[str, int]:
         """Coordinates of the chip with flat index ``chip`` (row-major over the axes)."""
+        if isinstance(chip, bool) or not isinstance(chip, numbers.Integral):
+            raise ArgumentTypeError(
+                f"coords(chip={chip!r}): a chip is named by its integer index, 0 to {self.size - 1}"
+            )
+        chip = int(chip)
         if not 0 <= chip < self.size:
             raise MeshAxisError(f"chip index {chip} out of range for {self} ({self.size} chips)")
         out: dict[str, int] = {}
