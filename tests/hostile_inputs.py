@@ -106,7 +106,7 @@ CASES: dict[str, tuple[int, Callable[..., Any], Callable[[Any, Sequence[Any]], b
     "Layout.parse(axis_names)": (
         1,
         lambda env, n: shardsim.Layout.parse("B_X D", n),
-        lambda v, a: v == shardsim.Layout.parse("B_X D") and "X" in tuple(a[0]),
+        lambda v, a: v == shardsim.Layout.parse("B_X D") and (a[0] is None or "X" in tuple(a[0])),
     ),
     "mesh.coords": (1, lambda env, i: env["mesh"].coords(i), lambda v, a: v == {"X": a[0] // 2, "Y": a[0] % 2}),
     "mesh.slow": (1, lambda env, f: env["mesh"].slow(f, X=0), lambda v, a: env_slow_ok(a)),
@@ -152,10 +152,14 @@ def _shifted(v: shardsim.ShardedArray, args: Sequence[Any]) -> bool:
 
 
 def _permuted(v: shardsim.ShardedArray, args: Sequence[Any]) -> bool:
-    perm = args[0]
-    if sorted(perm) != [(0, 1), (1, 0)]:
-        return False
-    return agrees(v, A[::-1])
+    """Chip ``d`` of X holds chip ``s``'s row for every pair ``(s, d)`` of a full permutation."""
+    pairs = [tuple(p) for p in args[0]]
+    if sorted(d for _, d in pairs) != [0, 1] or sorted(s for s, _ in pairs) != [0, 1]:
+        return False  # not a full permutation: must be refused
+    want = A.copy()
+    for s, d in pairs:
+        want[d] = A[s]
+    return agrees(v, want)
 
 
 def environment() -> dict[str, Any]:
