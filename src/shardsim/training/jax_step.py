@@ -31,7 +31,7 @@ from ..array import ShardedArray
 from ..errors import EngineError
 from ..layout import Layout
 from ..mesh import Mesh
-from ..strategies.run import backward_stack, forward_stack, reduce_gradients
+from ..strategies.runner import backward_stack, forward_stack, reduce_gradients
 from ..tracing import Trace, phase, trace
 from .loss import mse_terms
 from .optim import SGD, Adam

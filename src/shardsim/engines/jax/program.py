@@ -33,7 +33,7 @@ from ...errors import EngineError, MeshAxisError
 from ...layout import Layout
 from ...mesh import Mesh
 from ...strategies.base import Ctx, Scheme
-from ...strategies.run import StrategyResult, backward_stack, forward_stack, reduce_gradients, resolve_axes
+from ...strategies.runner import StrategyResult, backward_stack, forward_stack, reduce_gradients, resolve_axes
 from ...tracing import Trace, phase, trace
 from .kernels import JAX
 from .placement import check_dtype, fetch, meshes, put, sharding
