@@ -51,11 +51,17 @@ class Engine:
     """The kernels an engine gives the front end; :class:`StackedEngine` documents each.
 
     ``lazy_partials`` says whether a matmul's partial sum may stay a :class:`LazyMatmul`
-    (only on the stacked engine, whose reductions know how to fold it).
+    (only on the stacked engine, whose reductions know how to fold it); ``reads_data``
+    whether the front end may inspect the numbers (for checks such as overflow of a scaled
+    partial sum), which a tracing engine's data does not allow.
     """
 
     name = "engine"
     lazy_partials = False
+    reads_data = False
+
+    def cast(self, c: Any, dtype: Any) -> Any:
+        raise NotImplementedError
 
     def matmul(self, lhs: Any, rhs: Any) -> Any:
         raise NotImplementedError
@@ -110,6 +116,11 @@ class StackedEngine(Engine):
 
     name = "stacked"
     lazy_partials = True
+    reads_data = True
+
+    def cast(self, c: Any, dtype: Any) -> np.ndarray:
+        """The data in ``dtype`` (no copy when it has it already)."""
+        return np.asarray(c, dtype)
 
     def matmul(self, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         """Every chip's ``lhs @ rhs`` (one BLAS call when the chips fold into one matmul)."""

@@ -40,6 +40,9 @@ class JaxEngine(Engine):
     name = "jax"
     lazy_partials = False
 
+    def cast(self, c: Any, dtype: Any) -> Any:
+        return c.astype(dtype)
+
     def matmul(self, lhs: Any, rhs: Any) -> Any:
         lead = jnp.broadcast_shapes(lhs.shape[:-2], rhs.shape[:-2])
         if all(n == 1 for n in lead):  # the usual case: one 2-D matmul per device, XLA's fastest
