@@ -75,10 +75,15 @@ class CheckpointError(ShardsimError, OSError):
     """A checkpoint is missing, corrupt, or does not fit the requested mesh."""
 
 
+class CommandLineError(ShardsimError, ValueError):
+    """A command-line argument that is malformed, out of its documented range, or too big for the host."""
+
+
 __all__ = [
     "CheckpointError",
     "ChipFailureError",
     "CollectiveError",
+    "CommandLineError",
     "DivisibilityError",
     "DtypeError",
     "LayoutParseError",
