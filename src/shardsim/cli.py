@@ -429,7 +429,7 @@ def step_rows(events: Sequence[Event], labels: Mapping[int, str] | None = None) 
     """One table row per event: number, step, axis, array, layout after, bytes sent and FLOPs per
     chip; ``labels`` overrides an event's label by its index (the matmuls' transposes)."""
     labels = labels or {}
-    rows = [("#", "step", "axis", "array", "layout after", "sent/chip", "FLOPs/chip")]
+    rows: list[tuple[str, ...]] = [("#", "step", "axis", "array", "layout after", "sent/chip", "FLOPs/chip")]
     for i, e in enumerate(events, 1):
         rows.append(
             (
@@ -516,7 +516,7 @@ def render(run: DemoRun, *, dtype: str, activation: str) -> str:
     out += ["", "Peak memory per chip, by category (bytes above the start of the run):"]
     out.append(_indent(_table(_right(memory_rows(r), range(1, len(r.memory) + 1)))))
     out += ["", "Check against the single-device computation (scheme's reference):"]
-    rows = [("value", "max abs error", "tolerance", "")]
+    rows: list[tuple[str, ...]] = [("value", "max abs error", "tolerance", "")]
     rows += [(name, f"{err:.2e}", f"{tol:.2e}", "PASS" if ok else "FAIL") for name, err, tol, ok in run.checks]
     out.append(_indent(_table(rows)))
     out.append(f"  {r.scheme}: {'PASS' if run.ok else 'FAIL'}")
@@ -525,7 +525,7 @@ def render(run: DemoRun, *, dtype: str, activation: str) -> str:
 
 def summary_table(runs: Sequence[DemoRun]) -> str:
     """One row per scheme: mesh, bytes sent per chip forward and backward, peak per chip, check."""
-    rows = [("scheme", "mesh", "fwd sent/chip", "bwd sent/chip", "peak/chip", "check")]
+    rows: list[tuple[str, ...]] = [("scheme", "mesh", "fwd sent/chip", "bwd sent/chip", "peak/chip", "check")]
     for run in runs:
         r = run.result
         rows.append(
@@ -710,7 +710,7 @@ def schemes(args: argparse.Namespace) -> int:
     """``shardsim schemes``: one line per registered scheme."""
     names = strategies.names()
     lead = max(len(n) for n in names) + max(len(",".join(strategies.get(n).roles)) for n in names) + 4
-    rows = [("scheme", "roles", "what it does")]
+    rows: list[tuple[str, ...]] = [("scheme", "roles", "what it does")]
     for name in names:
         s = strategies.get(name)
         lines = textwrap.wrap(s.summary, max(30, WIDTH - lead))

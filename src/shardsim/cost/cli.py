@@ -75,9 +75,7 @@ def cli_estimate(args: argparse.Namespace) -> int:
     batch = args.batch if args.batch is not None else args.per_chip_batch * mesh.size
     if batch > LIMITS["batch"]:
         raise CommandLineError(f"--per-chip-batch x {mesh.size} chips is {batch:,} tokens; the limit is 2**34")
-    est = estimate(
-        scheme, mesh, hw, batch, args.d_model, args.d_ff, args.layers, not args.no_overlap, links=args.links
-    )
+    est = estimate(scheme, mesh, hw, batch, args.d_model, args.d_ff, args.layers, not args.no_overlap, links=args.links)
     crit = (
         critical_batch(scheme, hw, args.d_ff, d_model=args.d_model, mesh=mesh, links=args.links)
         if args.critical
