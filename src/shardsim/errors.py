@@ -82,8 +82,14 @@ class CheckpointError(ShardsimError, OSError):
 
 class ConfigError(ShardsimError, ValueError):
     """A model configuration field out of range, or model inputs that do not fit the configuration."""
+
+
 class CostModelError(ShardsimError, ValueError):
     """Hardware, placement or efficiency figures the cost model cannot use as given."""
+
+
+class CommandLineError(ShardsimError, ValueError):
+    """A command-line argument that is malformed, out of its documented range, or too big for the host."""
 
 
 __all__ = [
@@ -91,6 +97,7 @@ __all__ = [
     "CheckpointError",
     "ChipFailureError",
     "CollectiveError",
+    "CommandLineError",
     "ConfigError",
     "CostModelError",
     "DivisibilityError",
