@@ -1,0 +1,239 @@
+"""run_model against the single-device reference: every plan's loss and every gradient, the
+collectives of each half-block, recomputation in the trace, shape-only runs, and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardsim import DivisibilityError, ShapeDtype, ShapeError
+from shardsim.dtypes import tolerance
+from shardsim.models import TransformerConfig, reference
+from shardsim.plan import Plan, PlanError
+from shardsim.transformer.checks import ModelInputError
+from shardsim.transformer.run import run_model
+
+BASE = TransformerConfig(layers=1, d_model=8, heads=2, d_ff=16, vocab=8, seq=4)
+
+
+def batch(cfg: TransformerConfig, b: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, cfg.vocab, (b, cfg.seq)), rng.integers(0, cfg.vocab, (b, cfg.seq))
+
+
+def check_against_reference(cfg: TransformerConfig, plan: Plan, dtype: str, b: int, dropout_seed: int | None) -> None:
+    params = reference.init(cfg, seed=1, dtype=dtype)
+    tokens, targets = batch(cfg, b)
+    want_loss, want = reference.loss_and_grads(cfg, params, tokens, targets, dropout_seed=dropout_seed)
+    got = run_model(cfg, plan, plan.mesh(), params, tokens, targets, dropout_seed=dropout_seed)
+    contraction = max(cfg.d_model, cfg.d_ff, cfg.vocab, b * cfg.seq)
+    tol = tolerance(dtype, contraction, ulps=64)
+    assert got.loss == pytest.approx(want_loss, rel=tol)
+    assert got.grads is not None and list(got.grads) == list(want)
+    scale = max(np.abs(g).max() for g in want.values())  # some gradients are 0 in exact arithmetic (bk)
+    for k, g in want.items():
+        assert got.grads[k].dtype == g.dtype, k
+        err = np.abs(got.grads[k] - g).max()
+        assert err <= tol * max(np.abs(g).max(), 1e-3 * scale), f"{k}: error {err:.3g} under {plan}"
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[TransformerConfig, Plan, str, int, int | None]:
+    tp = draw(st.sampled_from([1, 2, 4]))
+    dp = draw(st.sampled_from([1, 2])) if tp < 4 else 1
+    kv = tp * draw(st.sampled_from([1, 2]))
+    heads = kv * draw(st.sampled_from([1, 2]))
+    hd = draw(st.sampled_from([2, 4]))
+    seq = draw(st.sampled_from([2, 4, 8]))
+    cfg = TransformerConfig(
+        layers=draw(st.integers(1, 2)),
+        d_model=dp * draw(st.sampled_from([4, 8])),
+        heads=heads,
+        kv_heads=kv,
+        head_dim=hd,
+        d_ff=tp * dp * draw(st.sampled_from([2, 4])),
+        vocab=tp * draw(st.sampled_from([3, 5])),
+        seq=seq,
+        mlp=draw(st.sampled_from(["gelu", "swiglu"])),
+        norm=draw(st.sampled_from(["layernorm", "rmsnorm"])),
+        position=draw(st.sampled_from(["learned", "rope", "none"])),
+        bias=draw(st.booleans()),
+        tie_embeddings=draw(st.booleans()),
+        dropout=draw(st.sampled_from([0.0, 0.25])),
+    )
+    zero = draw(st.integers(0, 3))
+    if zero == 3 and cfg.bias and (hd * kv // tp) % dp:
+        zero = 2  # FSDP splits a bias over data within each chip's heads
+    plan = Plan(
+        dp=dp,
+        tp=tp,
+        zero=zero,
+        sp=tp > 1 and seq % tp == 0 and draw(st.booleans()),
+        recompute=draw(st.sampled_from(["none", "selective", "full"])),
+    )
+    return cfg, plan, draw(st.sampled_from(["float32", "float64"])), dp * draw(st.sampled_from([1, 2])), 7
+
+
+@settings(max_examples=80)
+@given(cases())
+def test_every_plan_matches_the_reference(case: tuple[TransformerConfig, Plan, str, int, int | None]) -> None:
+    check_against_reference(*case)
+
+
+@pytest.mark.parametrize("text", ["dp=1", "dp=2", "fsdp=2", "dp=2,zero=2", "tp=2", "tp=2,sp", "dp=2,tp=2,sp,zero=3"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_named_plans_match_the_reference(text: str, dtype: str) -> None:
+    cfg = BASE.scaled(layers=2, heads=4, kv_heads=2, bias=True, dropout=0.1)
+    check_against_reference(cfg, Plan.parse(text), dtype, 4, dropout_seed=3)
+
+
+def _run(cfg: TransformerConfig, text: str, b: int = 2, **kw: object) -> object:
+    plan = Plan.parse(text)
+    tokens, targets = batch(cfg, b)
+    return run_model(cfg, plan, plan.mesh(), reference.init(cfg, dtype="float64"), tokens, targets, **kw)  # type: ignore[arg-type]
+
+
+def _layer_ops(res: object, ph: str) -> list[str]:
+    """Collectives of block 0's matmul region (between the embedding's and the head's)."""
+    return [f"{e.op}:{e.label}" for e in res.trace.events if e.is_collective and e.phase == ph]  # type: ignore[attr-defined]
+
+
+def test_tensor_parallel_does_one_all_reduce_per_half_block_each_way() -> None:
+    res = _run(BASE, "tp=2")
+    fwd = _layer_ops(res, "forward")
+    assert fwd == [
+        "all_reduce:Embedded",
+        "all_reduce:Attn out",
+        "all_reduce:MLP out",
+        "all_gather:max",
+        "all_reduce:sum exp",
+        "all_reduce:target logit",
+    ]
+    assert _layer_ops(res, "backward") == ["all_reduce:dF", "all_reduce:dCn", "all_reduce:dA"]
+
+
+def test_sequence_parallel_gathers_before_and_scatters_after_each_tp_region() -> None:
+    res = _run(BASE, "tp=2,sp")
+    assert _layer_ops(res, "forward") == [
+        "reduce_scatter:Embedded",
+        "all_gather:A",
+        "reduce_scatter:Attn out",
+        "all_gather:Cn",
+        "reduce_scatter:MLP out",
+        "all_gather:F",
+        "all_gather:max",
+        "all_reduce:sum exp",
+        "all_reduce:target logit",
+    ]
+    norm_grads = ["all_reduce:dgamma", "all_reduce:dbeta"]  # each chip summed its own tokens only
+    assert _layer_ops(res, "backward") == [
+        "all_gather:F",  # the head: F was stored split
+        "reduce_scatter:dF",
+        *norm_grads,
+        "all_gather:dMLP out",  # ḡ backward
+        "all_gather:Cn",  # Cn stored split, gathered again
+        "reduce_scatter:dCn",  # g backward
+        *norm_grads,
+        "all_gather:dAttn out",
+        "all_gather:A",
+        "reduce_scatter:dA",
+        *norm_grads,
+        "all_gather:dx",  # the embedding's ReduceScatter backward
+    ]
+
+
+def test_the_logits_are_never_gathered() -> None:
+    cfg = BASE.scaled(heads=4, vocab=64)
+    res = _run(cfg, "tp=4,sp", b=2)
+    logits_bytes = 2 * cfg.seq * cfg.vocab * 8
+    moved = [e for e in res.trace.events if e.is_collective]  # type: ignore[attr-defined]
+    assert moved and max(e.array_bytes for e in moved) < logits_bytes / 4
+
+
+def test_fsdp_gathers_weights_in_forward_and_backward_and_scatters_grads() -> None:
+    res = _run(BASE, "fsdp=2", b=2)
+    events = [e for e in res.trace.events if e.is_collective]  # type: ignore[attr-defined]
+    gathers = {ph: sum(e.op == "all_gather" for e in events if e.phase == ph) for ph in ("forward", "backward")}
+    n = len(BASE.param_shapes())
+    assert gathers["forward"] == n  # every weight once (the tied-free head: embed and lm_head each once)
+    assert gathers["backward"] == n - 5  # not the three betas, embed and pos_embed: their gradients need no weight
+    assert sum(e.op == "reduce_scatter" for e in events) == n and not any(e.op == "all_reduce" for e in events)
+
+
+@pytest.mark.parametrize(("policy", "recomputed"), [("none", 0), ("selective", 1), ("full", 8)])
+def test_recomputation_shows_in_the_trace(policy: str, recomputed: int) -> None:
+    res = _run(BASE, f"tp=2,recompute={policy}")
+    again = [e for e in res.trace.events if e.phase == "recompute" and e.op == "matmul"]  # type: ignore[attr-defined]
+    assert len(again) == recomputed * BASE.layers  # selective: Q K^T; full: the block's eight forward matmuls
+
+
+def test_shape_only_run_traces_the_same_program() -> None:
+    cfg = BASE.scaled(dropout=0.1)
+    data = _run(cfg, "dp=2,tp=2,sp", b=2, dropout_seed=0)
+    plan = Plan.parse("dp=2,tp=2,sp")
+    shapes = {k: ShapeDtype(v, "float64") for k, v in cfg.param_shapes().items()}
+    tok = ShapeDtype((2, cfg.seq), "int64")
+    shape_only = run_model(cfg, plan, plan.mesh(), shapes, tok, tok, dropout_seed=0)
+    assert shape_only.loss is None and shape_only.grads is None
+    key = [(e.op, e.axes, e.label, e.after, e.sent_bytes, e.flops) for e in data.trace.events]  # type: ignore[attr-defined]
+    assert [(e.op, e.axes, e.label, e.after, e.sent_bytes, e.flops) for e in shape_only.trace.events] == key
+    assert all((a == b).all() for a, b in zip(shape_only.stored, data.stored))  # type: ignore[attr-defined]
+
+
+# -- bad input -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("cfg", "text", "error", "words"),
+    [
+        (BASE, "tp=4", DivisibilityError, "heads=2 does not divide by tp=4"),
+        (BASE.scaled(heads=4, kv_heads=1), "tp=2", DivisibilityError, "replicate each KV head"),
+        (BASE.scaled(d_ff=6), "tp=4", DivisibilityError, "heads=2"),
+        (BASE.scaled(heads=4, d_ff=6), "tp=4", DivisibilityError, "d_ff=6"),
+        (BASE.scaled(heads=4, vocab=10), "tp=4", DivisibilityError, "vocab=10 .* pads the vocabulary"),
+        (BASE.scaled(seq=3, heads=4, vocab=12), "tp=4,sp", DivisibilityError, "sequence length 3"),
+        (BASE.scaled(d_model=6, heads=2), "fsdp=4", DivisibilityError, "d_model=6"),
+        (BASE, "dp=2,pp=2", PlanError, "pp=2 is not part of it"),
+    ],
+)
+def test_model_that_does_not_fit_the_plan(cfg: TransformerConfig, text: str, error: type, words: str) -> None:
+    with pytest.raises(error, match=words):
+        _run(cfg, text, b=4)
+
+
+def test_bad_inputs_name_the_culprit() -> None:
+    from shardsim import Mesh
+
+    plan, params = Plan(tp=2), reference.init(BASE)
+    tok = np.zeros((2, 4), np.int64)
+    with pytest.raises(PlanError, match="runs tp=2 over mesh axis 'model', which Mesh\\(data=2\\) does not have"):
+        run_model(BASE, Plan(dp=2, tp=2), Mesh(data=2), params, tok, tok)
+    with pytest.raises(PlanError, match="both run over"):
+        run_model(BASE, Plan(dp=2, tp=2, model_axis="data"), Mesh(data=2), params, tok, tok)
+    bad = tok.copy()
+    bad[1, 2] = 8
+    with pytest.raises(ModelInputError, match=r"tokens\[1, 2\] = 8 is outside the vocabulary \[0, 8\)"):
+        run_model(BASE, plan, plan.mesh(), params, bad, tok)
+    with pytest.raises(ModelInputError, match=r"targets.*outside"):
+        run_model(BASE, plan, plan.mesh(), params, tok, bad - 9)
+    long = np.zeros((2, 5), np.int64)
+    with pytest.raises(ModelInputError, match=r"sequence length 5 is longer than the model's cfg\.seq=4"):
+        run_model(BASE, plan, plan.mesh(), params, long, long)
+    with pytest.raises(DivisibilityError, match="batch B=3 does not divide by dp=2"):
+        run_model(BASE, Plan(dp=2), Plan(dp=2).mesh(), params, np.zeros((3, 4), int), np.zeros((3, 4), int))
+    with pytest.raises(ShapeError, match="missing"):
+        run_model(BASE, plan, plan.mesh(), {k: v for k, v in params.items() if k != "embed"}, tok, tok)
+    with pytest.raises(ModelInputError, match="integer token ids"):
+        run_model(BASE, plan, plan.mesh(), params, tok.astype(float), tok)
+
+
+def test_shorter_sequences_use_the_first_positions() -> None:
+    cfg = BASE.scaled(seq=8)
+    params = reference.init(cfg, dtype="float64")
+    tokens, targets = batch(cfg.scaled(seq=4), 2)
+    want_loss, want = reference.loss_and_grads(cfg, params, tokens, targets)
+    plan = Plan(tp=2, sp=True)
+    got = run_model(cfg, plan, plan.mesh(), params, tokens, targets)
+    assert got.loss == pytest.approx(want_loss, rel=1e-12)
+    assert got.grads is not None
+    np.testing.assert_allclose(got.grads["pos_embed"], want["pos_embed"], atol=1e-14)
