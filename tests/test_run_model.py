@@ -237,3 +237,14 @@ def test_shorter_sequences_use_the_first_positions() -> None:
     assert got.loss == pytest.approx(want_loss, rel=1e-12)
     assert got.grads is not None
     np.testing.assert_allclose(got.grads["pos_embed"], want["pos_embed"], atol=1e-14)
+
+
+def test_demo_walks_a_block_through_tp_and_tp_sp() -> None:
+    from shardsim.transformer.demo import walk, walk_all
+
+    tp = walk("gpt-tiny", "tp=2")
+    assert "Forward: 2 collectives" in tp and "Backward: 2 collectives" in tp  # one AllReduce per half-block
+    assert tp.rstrip().endswith("PASS")
+    text = walk_all()
+    assert text.count("PASS") == 2 and "reduce_scatter  model  Attn out" in text
+    assert "attn.mask attn_probs" in text  # gpt-tiny has dropout: its masks are stored

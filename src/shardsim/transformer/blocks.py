@@ -162,13 +162,14 @@ def attention_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> 
         dq, dk = rope(dq, cfg.rope_theta, inverse=True), rope(dk, cfg.rope_theta, inverse=True)
     a_full = step.enter(saved["A"], "A")  # SP stored A split: AllGather it again
     da = None
-    for name, d in (("q", merge_heads(dq)), ("k", merge_heads(dk, "KH")), ("v", merge_heads(dv, "KH"))):  # 3.
+    merged = (merge_heads(dq).named("dQ"), merge_heads(dk, "KH").named("dK"), merge_heads(dv, "KH").named("dV"))
+    for name, d in zip("qkv", merged):  # 3.
         grads[f"{pre}.attn.w{name}"] = _weight_grad(a_full, d, f"dW{name}")
         if step.has(f"{pre}.attn.b{name}"):
             grads[f"{pre}.attn.b{name}"] = step.token_sum(d, f"db{name}")
         term = d @ step.w(f"{pre}.attn.w{name}").T
         da = term if da is None else da + term
-    del a_full, dq, dk, dv
+    del a_full, dq, dk, dv, merged
     assert da is not None
     da = step.leave(da, "dA")  # 2. g backward: AllReduce / ReduceScatter
     dx = _norm_backward(step, f"{pre}.attn_norm", saved["x"], da, grads)  # 1.
