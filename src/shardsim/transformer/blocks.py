@@ -43,10 +43,12 @@ from . import norms
 from .local import (
     causal_softmax,
     dim,
+    expand_kv,
     flat_tokens,
     fold_kv,
     heads_first,
     merge_heads,
+    place_kv,
     repeat_kv,
     rope,
     silu,
@@ -62,10 +64,19 @@ SAVED_ATTENTION = ("x", "A", "Q", "K", "V", "P", "mask attn_probs", "Pd", "C", "
 SELECTIVE_DROPS = ("P", "mask attn_probs", "Pd")  # recomputed, not stored, under "selective"
 
 
+def _kv_weight(step: Step, key: str) -> ShardedArray:
+    """A KV weight as used: under KV replication each chip's copy of its head's columns."""
+    w = step.w(key)
+    if step.roles.kv_copies > 1 and key.rsplit(".", 1)[-1] in ("wk", "wv", "bk", "bv"):
+        assert step.roles.model is not None
+        return expand_kv(w, step.roles.kv_copies, step.roles.model)
+    return w
+
+
 def _linear(x: ShardedArray, step: Step, key: str, bias: str | None, label: str) -> ShardedArray:
-    out = x @ step.w(key)
+    out = x @ _kv_weight(step, key)
     if bias is not None and step.has(bias):
-        out = out + step.w(bias)
+        out = out + _kv_weight(step, bias)
     return out.named(label)
 
 
@@ -92,7 +103,7 @@ def _core(
 ) -> tuple[ShardedArray, ShardedArray | None, ShardedArray]:
     """Steps 5-6 before ``@ V``: ``(P, mask, Pd)`` on heads ``[B, N_Y, S, S]``."""
     cfg, r = step.cfg, step.roles
-    groups = cfg.heads // cfg.n_kv
+    groups = cfg.heads // step.kv_heads
     kt = repeat_kv(heads_first(k), groups)
     scores = heads_first(q) @ kt.transpose(0, 1, 3, 2)  # 5. Q K^T per head
     del kt
@@ -107,13 +118,13 @@ def attention_forward(step: Step, i: int, x: ShardedArray) -> tuple[ShardedArray
     a = norms.forward(cfg.norm, x, *_norm_keys(step, f"{pre}.attn_norm"), cfg.norm_eps).named("A")  # 1.
     a_full = step.enter(a, "A")  # 2. g
     q = split_heads(_linear(a_full, step, f"{pre}.attn.wq", f"{pre}.attn.bq", "Q"), cfg.heads)  # 3.
-    k = split_heads(_linear(a_full, step, f"{pre}.attn.wk", f"{pre}.attn.bk", "K"), cfg.n_kv)
-    v = split_heads(_linear(a_full, step, f"{pre}.attn.wv", f"{pre}.attn.bv", "V"), cfg.n_kv)
+    k = split_heads(_linear(a_full, step, f"{pre}.attn.wk", f"{pre}.attn.bk", "K"), step.kv_heads)
+    v = split_heads(_linear(a_full, step, f"{pre}.attn.wv", f"{pre}.attn.bv", "V"), step.kv_heads)
     del a_full
     if cfg.position == "rope":  # 4.
         q, k = rope(q, cfg.rope_theta), rope(k, cfg.rope_theta)
     p, mask_p, pd = _core(step, i, q, k, v)  # 5.
-    vt = repeat_kv(heads_first(v), cfg.heads // cfg.n_kv)
+    vt = repeat_kv(heads_first(v), cfg.heads // step.kv_heads)
     c = merge_heads(heads_first(pd @ vt)).named("C")  # 6. [B, S, NH_Y]
     del vt
     y = step.leave(_linear(c, step, f"{pre}.attn.wo", None, "C @ Wo"), "Attn out")  # 7-8.
@@ -134,7 +145,7 @@ def attention_forward(step: Step, i: int, x: ShardedArray) -> tuple[ShardedArray
 def attention_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> tuple[ShardedArray, Grads]:
     cfg, pre = step.cfg, f"layers.{i}"
     grads: Grads = {}
-    groups = cfg.heads // cfg.n_kv
+    groups = cfg.heads // step.kv_heads
     dy = step.enter(step.drop(dout, saved.get("mask attn_out")), "dAttn out")  # 9-8. ḡ backward
     if step.has(f"{pre}.attn.bo"):
         grads[f"{pre}.attn.bo"] = step.token_sum(dy, "dbo")
@@ -162,9 +173,12 @@ def attention_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> 
         dq, dk = rope(dq, cfg.rope_theta, inverse=True), rope(dk, cfg.rope_theta, inverse=True)
     a_full = step.enter(saved["A"], "A")  # SP stored A split: AllGather it again
     da = None
-    merged = (merge_heads(dq).named("dQ"), merge_heads(dk, "KH").named("dK"), merge_heads(dv, "KH").named("dV"))
+    merged = [merge_heads(dq).named("dQ"), merge_heads(dk, "KH").named("dK"), merge_heads(dv, "KH").named("dV")]
+    if step.roles.kv_copies > 1:  # each chip's KV-head copy back into the head's columns: {U_Y}
+        assert step.roles.model is not None
+        merged[1:] = [place_kv(d, step.roles.kv_copies, step.roles.model, cfg.n_kv) for d in merged[1:]]
     for name, d in zip("qkv", merged):  # 3.
-        grads[f"{pre}.attn.w{name}"] = _weight_grad(a_full, d, f"dW{name}")
+        grads[f"{pre}.attn.w{name}"] = step.over_model(_weight_grad(a_full, d, f"dW{name}"))
         if step.has(f"{pre}.attn.b{name}"):
             grads[f"{pre}.attn.b{name}"] = step.token_sum(d, f"db{name}")
         term = d @ step.w(f"{pre}.attn.w{name}").T

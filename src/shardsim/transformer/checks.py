@@ -48,11 +48,11 @@ def check_model(cfg: TransformerConfig, plan: Plan, seq: int) -> None:
         if n % t:
             fix = " (Megatron pads the vocabulary to a multiple of 128*tp)" if what == "vocab" else ""
             raise DivisibilityError(f"{what}={n} does not divide by {ax}; choose tp dividing {n}{fix}")
-    if cfg.n_kv % t:
+    if cfg.n_kv % t and t % cfg.n_kv:
         raise DivisibilityError(
-            f"kv_heads={cfg.n_kv} does not divide by {ax}. Megatron's rule for GQA with fewer KV heads than "
-            f"the tensor-parallel degree is to replicate each KV head on tp/kv_heads chips; shardsim needs tp "
-            f"to divide kv_heads: use tp in {[d for d in range(1, cfg.n_kv + 1) if cfg.n_kv % d == 0]}"
+            f"kv_heads={cfg.n_kv} and {ax} do not divide one another. Megatron splits the KV heads over the "
+            f"model axis when tp divides kv_heads, and replicates each KV head on tp/kv_heads chips when "
+            f"kv_heads divides tp; use tp in {_kv_degrees(cfg)}"
         )
     if plan.sp and seq % t:
         raise DivisibilityError(f"sequence length {seq} does not divide by {ax} for sequence parallelism (sp)")
@@ -61,6 +61,12 @@ def check_model(cfg: TransformerConfig, plan: Plan, seq: int) -> None:
             f"d_model={cfg.d_model} does not divide by dp={plan.dp}: ZeRO-3 / FSDP splits every weight's D "
             "over the data axis"
         )
+
+
+def _kv_degrees(cfg: TransformerConfig) -> list[int]:
+    """The tensor-parallel degrees that split or replicate the KV heads evenly."""
+    k = cfg.n_kv
+    return [d for d in range(1, cfg.heads + 1) if cfg.heads % d == 0 and (k % d == 0 or d % k == 0)]
 
 
 def shape_of(v: Any) -> tuple[int, ...]:

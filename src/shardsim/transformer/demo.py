@@ -33,7 +33,7 @@ def walk(model: str | TransformerConfig, plan: str | Plan) -> str:
     cfg = get(model) if isinstance(model, str) else model
     plan = Plan.parse(plan) if isinstance(plan, str) else plan
     mesh = plan.mesh()
-    roles = Roles.of(plan)
+    roles = Roles.of(plan, cfg.n_kv)
     params = reference.init(cfg, seed=0, dtype="float64")
     rng = np.random.default_rng(0)
     b = 2 * plan.dp

@@ -73,7 +73,7 @@ def flat_tokens(x: ShardedArray) -> ShardedArray:
     """``[B, S, X] -> [T, X]`` with ``T = B*S`` split as B is (S must be whole on every chip)."""
     b, s = x.layout.dims[:2]
     assert not s.axes, "flat_tokens needs the whole sequence on every chip"
-    layout = Layout((Dim("T", b.axes), x.layout.dims[2]))
+    layout = Layout((Dim("T", b.axes), x.layout.dims[2]), x.layout.partial)
     data = None if x.is_shape_only else x.compact().reshape(x.compact().shape[: _nm(x)] + (-1, x.local_shape[-1]))
     return _view(x, layout, (x.global_shape[0] * x.global_shape[1], x.global_shape[2]), data)
 
@@ -105,6 +105,42 @@ def fold_kv(dk: ShardedArray, groups: int) -> ShardedArray:
         return a.reshape(a.shape[: nm + 1] + (-1, groups) + a.shape[nm + 2 :]).sum(nm + 2)
 
     return blockwise(fold, [dk], (layout, shape, dk.dtype), label=dk.label)
+
+
+def expand_kv(w: ShardedArray, copies: int, model: str) -> ShardedArray:
+    """Megatron's KV replication when the model axis has more chips than there are KV heads:
+    ``[..., KH]`` (the same on every chip) -> ``[..., (tH)_model]``, chip j keeping the columns of
+    KV head ``j // copies`` (no communication: every chip holds all of them)."""
+    pos, t = w.mesh.axis_index(model), w.mesh.axis_size(model)
+    h = w.global_shape[-1] * copies // t
+    dims = w.layout.dims[:-1] + (Dim("KH", (model,)),)
+
+    def fn(a: np.ndarray) -> np.ndarray:
+        heads = a.reshape(a.shape[:-1] + (-1, h))  # (..., K, H)
+        mine = np.repeat(heads, copies, axis=-2)  # (..., t, H): chip j's head j // copies
+        return np.moveaxis(mine, -2, pos).squeeze(pos + 1)  # the copies onto the model axis
+
+    shape = w.global_shape[:-1] + (t * h,)
+    return blockwise(fn, [w], (Layout(dims), shape, w.dtype), label=w.label)
+
+
+def place_kv(d: ShardedArray, copies: int, model: str, kv_heads: int) -> ShardedArray:
+    """The inverse map for gradients: ``[B, S, (tH)_model] -> [B, S, KH]{U_model}``, chip j's
+    block in the columns of KV head ``j // copies`` and zeros elsewhere; the sum over the
+    chips adds each head's copies."""
+    nm, pos, t = _nm(d), d.mesh.axis_index(model), d.mesh.axis_size(model)
+    h = d.global_shape[-1] // t
+    owner = (np.arange(t) // copies)[:, None] == np.arange(kv_heads)  # (t, K)
+    shape_m = [1] * nm
+    shape_m[pos] = t
+
+    def fn(a: np.ndarray) -> np.ndarray:
+        sel = owner.reshape(tuple(shape_m) + (1,) * (a.ndim - nm - 1) + (kv_heads, 1))
+        return (a[..., None, :] * sel).reshape(a.shape[:-1] + (kv_heads * h,))
+
+    layout = f"[{d.layout.dims[0]}, {d.layout.dims[1]}, KH]{{U_{model}}}"
+    shape = d.global_shape[:-1] + (kv_heads * h,)
+    return blockwise(fn, [d], (layout, shape, d.dtype), label=d.label)
 
 
 def _float(a: np.ndarray) -> np.ndarray:

@@ -42,6 +42,7 @@ _WEIGHT_DIMS = {
     "b_in": (("F",), 0),
     "b_out": (("D",), None),
 }
+_KV = ("wk", "wv", "bk", "bv")
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,12 @@ class Roles:
     sp: bool
     zero: int
     recompute: str
+    kv_copies: int = 1  # chips per KV head when the model axis has more chips than KV heads
 
     @classmethod
-    def of(cls, plan: Plan) -> Roles:
-        return cls(plan.axis("data"), plan.axis("model"), plan.sp, plan.zero, plan.recompute)
+    def of(cls, plan: Plan, kv_heads: int | None = None) -> Roles:
+        copies = plan.tp // kv_heads if kv_heads is not None and kv_heads < plan.tp else 1
+        return cls(plan.axis("data"), plan.axis("model"), plan.sp, plan.zero, plan.recompute, copies)
 
     @property
     def seq(self) -> str | None:
@@ -76,7 +79,10 @@ class Roles:
         return f"[{dim('B', self.data)}, S, {last}]"
 
     def weight_dims(self, name: str, *, sharded: bool) -> tuple[str, ...]:
-        names, split = _WEIGHT_DIMS[name.rsplit(".", 1)[-1]]
+        short = name.rsplit(".", 1)[-1]
+        names, split = _WEIGHT_DIMS[short]
+        if self.kv_copies > 1 and short in _KV:
+            split = None  # replicated on every chip; each takes its head's columns (local.expand_kv)
         out = [[self.model if i == split else None] for i in range(len(names))]
         if sharded:  # ZeRO-3: D (or the only dimension) also over the data axis, minor
             target = names.index("D") if "D" in names else 0

@@ -137,7 +137,7 @@ def run_model(
     checks.check_params(cfg, params)
     _, s = checks.check_tokens(cfg, plan, tokens, targets)
     checks.check_model(cfg, plan, s)
-    roles = Roles.of(plan)
+    roles = Roles.of(plan, cfg.n_kv)
     dtype = _compute_dtype(plan, params)
     weights = {k: _place(mesh, v, roles.weight_layout(k), k, dtype, "params") for k, v in params.items()}
     tok, tgt = _tokens(mesh, roles, tokens, "tokens"), _tokens(mesh, roles, targets, "targets")

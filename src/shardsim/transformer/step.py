@@ -50,6 +50,11 @@ class Step:
         stored, data = self.weights[key], self.roles.data
         return all_gather(stored, data, label=key) if self.roles.fsdp and data is not None else stored
 
+    @property
+    def kv_heads(self) -> int:
+        """The KV heads the program computes: ``cfg.kv_heads``, or one per model chip when they are replicated."""
+        return self.cfg.n_kv * self.roles.kv_copies
+
     def has(self, key: str) -> bool:
         return key in self.weights
 
