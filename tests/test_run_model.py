@@ -284,3 +284,30 @@ def test_zero_stages_leave_gradients_where_the_optimizer_wants_them() -> None:
         res = _run(BASE, f"dp=2,zero={zero}", b=2)
         g = res.sharded_grads["layers.0.attn.wq"]  # type: ignore[attr-defined]
         assert g.layout.dims[0].axes == axes and not g.is_partial, zero
+
+
+def test_sequence_parallelism_moves_the_same_bytes_as_tensor_parallelism() -> None:
+    """Korthikanti et al. 2022 §4.2.2: SP's AllGather + ReduceScatter replace TP's AllReduce at the
+    same bandwidth. Measured on a shape-only GPT-3 layer (t = 8): the forward's model-axis bytes
+    are equal; the backward's differ only by the two re-gathers of the stored-split norm outputs
+    and the norm gains' AllReduces (each chip summed its own tokens)."""
+    from shardsim.models import get
+
+    cfg = get("gpt3-175b").scaled(layers=1, vocab=51200)
+    params = {k: ShapeDtype(v, "bfloat16") for k, v in cfg.param_shapes().items()}
+    tok = ShapeDtype((1, cfg.seq), "int32")
+
+    def layer_bytes(text: str, ph: str) -> list[int]:
+        plan = Plan.parse(text)
+        res = run_model(cfg, plan, plan.mesh(), params, tok, tok)
+        block = ("A", "Attn out", "Cn", "MLP out", "dAttn out", "dMLP out", "dA", "dCn", "dgamma", "dbeta")
+        events = [e for e in res.trace.events if e.is_collective and e.phase == ph and e.label in block]
+        return [e.sent_bytes for e in events]
+
+    gather = 7 * cfg.seq * cfg.d_model * 2 // 8  # AllGather of [S, D] bfloat16 on 8 chips: (t-1) blocks
+    tp, sp = layer_bytes("tp=8", "forward"), layer_bytes("tp=8,sp", "forward")
+    assert len(tp) == 2 and len(sp) == 4 and sum(tp) == sum(sp) == 4 * gather  # an AllReduce is 2 x (t-1)/t
+    tp_b, sp_b = layer_bytes("tp=8", "backward"), layer_bytes("tp=8,sp", "backward")
+    gains = 2 * 7 * cfg.d_model * 2 // 8  # AllReduce of a [D] gain gradient
+    assert sum(tp_b) == 4 * gather
+    assert sum(sp_b) == 4 * gather + 2 * gather + 6 * gains  # + re-gathers of A and Cn, + 3 norms' gamma, beta
