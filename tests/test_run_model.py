@@ -204,7 +204,10 @@ def test_shape_only_run_traces_the_same_program() -> None:
         (BASE.scaled(heads=4, vocab=10), "tp=4", DivisibilityError, "vocab=10 .* pads the vocabulary"),
         (BASE.scaled(seq=3, heads=4, vocab=12), "tp=4,sp", DivisibilityError, "sequence length 3"),
         (BASE.scaled(d_model=6, heads=2), "fsdp=4", DivisibilityError, "d_model=6"),
-        (BASE, "dp=2,pp=2", PlanError, "pp=2 is not part of it"),
+        (BASE, "dp=2,ep=2", PlanError, "ep=2 is not part of it"),
+        (BASE.scaled(layers=3), "pp=2", DivisibilityError, "layers=3 do not divide over pp=2"),
+        (BASE.scaled(layers=2), "pp=2,microbatches=3", DivisibilityError, "microbatches=3"),
+        (BASE.scaled(layers=2, tie_embeddings=True), "pp=2", PlanError, "tie_embeddings with pp > 1"),
     ],
 )
 def test_model_that_does_not_fit_the_plan(cfg: TransformerConfig, text: str, error: type, words: str) -> None:
@@ -311,3 +314,41 @@ def test_sequence_parallelism_moves_the_same_bytes_as_tensor_parallelism() -> No
     gains = 2 * 7 * cfg.d_model * 2 // 8  # AllReduce of a [D] gain gradient
     assert sum(tp_b) == 4 * gather
     assert sum(sp_b) == 4 * gather + 2 * gather + 6 * gains  # + re-gathers of A and Cn, + 3 norms' gamma, beta
+
+
+PIPELINES = [
+    "pp=2",
+    "pp=2,microbatches=4,schedule=gpipe",
+    "pp=2,microbatches=2,schedule=interleaved,virtual_stages=2",
+    "dp=2,pp=2,tp=2,sp,microbatches=2,recompute=selective",
+    "fsdp=2,pp=2,microbatches=2,recompute=full",
+]
+
+
+@pytest.mark.parametrize("text", PIPELINES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_pipelines_match_the_reference(text: str, dtype: str) -> None:
+    cfg = BASE.scaled(layers=4, heads=4, kv_heads=2, bias=True, dropout=0.1, mlp="swiglu", position="rope")
+    check_against_reference(cfg, Plan.parse(text), dtype, 4, dropout_seed=3)
+
+
+def test_pipeline_stages_hold_their_own_layers_and_send_by_ppermute() -> None:
+    cfg = BASE.scaled(layers=4)
+    res = _run(cfg, "pp=2,microbatches=2", b=4)
+    sends = [e for e in res.trace.events if e.op == "ppermute"]  # type: ignore[attr-defined]
+    assert [(e.label, e.axes, e.where) for e in sends] == [
+        ("x", ("pipe",), "pipe0"),
+        ("x", ("pipe",), "pipe0"),
+        ("dx", ("pipe",), "pipe1"),
+        ("dx", ("pipe",), "pipe1"),
+    ]  # 1F1B with p = 2, m = 2: F0 F1 on stage 0, then each microbatch's gradient back
+    w = res.sharded_grads["layers.3.mlp.w_in"]  # type: ignore[attr-defined]
+    assert w.holders is not None and w.holders.tolist() == [False, True]  # layer 3 lives on stage 1
+    params = res.memory.peak("params")  # type: ignore[attr-defined]  # held through the step
+    shapes = cfg.param_shapes()
+    first = sum(
+        int(np.prod(v))
+        for k, v in shapes.items()
+        if k in ("embed", "pos_embed") or k.startswith(("layers.0", "layers.1"))
+    )
+    assert params.tolist() == [first * 8, (sum(int(np.prod(v)) for v in shapes.values()) - first) * 8]

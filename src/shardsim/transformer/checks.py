@@ -32,11 +32,11 @@ class ModelInputError(ShardingError):
 
 def check_plan(plan: Plan, mesh: Mesh) -> None:
     plan.check(mesh)
-    for role, key in (("pipe", "pp"), ("expert", "ep"), ("context", "cp")):
+    for role, key in (("expert", "ep"), ("context", "cp")):
         if plan.degree(role) > 1:
             raise PlanError(
-                f"run_model runs data, ZeRO/FSDP, tensor and sequence parallelism; {key}={plan.degree(role)} "
-                f"is not part of it yet: set {key}=1 (pipelines: shardsim.pipeline; experts: shardsim.moe)"
+                f"run_model runs data, ZeRO/FSDP, tensor, sequence and pipeline parallelism; "
+                f"{key}={plan.degree(role)} is not part of it yet: set {key}=1"
             )
 
 
@@ -67,6 +67,25 @@ def _kv_degrees(cfg: TransformerConfig) -> list[int]:
     """The tensor-parallel degrees that split or replicate the KV heads evenly."""
     k = cfg.n_kv
     return [d for d in range(1, cfg.heads + 1) if cfg.heads % d == 0 and (k % d == 0 or d % k == 0)]
+
+
+def check_pipeline(cfg: TransformerConfig, plan: Plan, batch: int) -> None:
+    """Layers over stages x chunks, the batch over data x microbatches; no tied embeddings across stages."""
+    parts = plan.pp * plan.virtual_stages
+    if cfg.layers % parts:
+        raise DivisibilityError(
+            f"layers={cfg.layers} do not divide over pp={plan.pp} stages x virtual_stages={plan.virtual_stages}"
+        )
+    if batch % (plan.dp * plan.microbatches):
+        raise DivisibilityError(
+            f"batch B={batch} does not divide into dp={plan.dp} x microbatches={plan.microbatches} pieces"
+        )
+    if cfg.tie_embeddings:
+        raise PlanError(
+            "tie_embeddings with pp > 1: the embedding lives on the first stage and the LM head on the last; "
+            "Megatron keeps a copy on each and AllReduces their gradients, which run_model does not yet do. "
+            "Untie them or set pp=1"
+        )
 
 
 def shape_of(v: Any) -> tuple[int, ...]:

@@ -106,11 +106,13 @@ def loss_value(parts: dict[str, ShardedArray]) -> float:
 
 
 def head_backward(
-    step: Step, saved: dict[str, ShardedArray], targets: ShardedArray, x_dtype: np.dtype
+    step: Step, saved: dict[str, ShardedArray], targets: ShardedArray, x_dtype: np.dtype, tokens: int | None = None
 ) -> tuple[ShardedArray, dict[str, ShardedArray]]:
+    """``tokens``: the number the loss averages over (default the targets'; a microbatch's is fewer)."""
     r, cfg = step.roles, step.cfg
     probs = saved.pop("Softmax")
-    dlogits = minus_onehot(probs, targets, r.model, 1.0 / targets.global_shape[0] / targets.global_shape[1])
+    count = tokens if tokens is not None else targets.global_shape[0] * targets.global_shape[1]
+    dlogits = minus_onehot(probs, targets, r.model, 1.0 / count)
     del probs
     dlogits = cast(dlogits, x_dtype, label="dLogits")
     f_full = step.enter(saved.pop("F"), "F")

@@ -90,18 +90,27 @@ class _Gradients:
     """Each weight's gradient reduced over the data axis as soon as it is complete (as DDP buckets
     and FSDP do): AllReduce for ZeRO-0/1, ReduceScatter to the weight's shard for ZeRO-2/3."""
 
-    def __init__(self, step: Step, seq: int) -> None:
+    def __init__(self, step: Step, seq: int, *, accumulate: bool = False) -> None:
         self.step, self.seq, self.done = step, seq, {}  # type: ignore[var-annotated]
         self.pending: dict[str, ShardedArray] = {}
+        self.accumulate = accumulate  # pipelines: sum over microbatches, reduce once after the flush
 
     def add(self, grads: dict[str, ShardedArray]) -> None:
         for key, g in grads.items():
+            if self.accumulate:
+                self.pending[key] = self.pending[key] + g if key in self.pending else g
+                continue
             if key == "embed.T":  # the tied LM head's gradient: embed's, added once the embedding's is known
                 self.pending["embed"] = g.T
             elif key == "embed" and key in self.pending:
                 self.finish(key, self.pending.pop(key) + g)
             else:
                 self.finish(key, g)
+
+    def flush(self) -> None:
+        """Reduce every accumulated gradient (a pipeline's, after its last microbatch)."""
+        for key in list(self.pending):
+            self.finish(key, self.pending.pop(key))
 
     def finish(self, key: str, g: ShardedArray) -> None:
         r = self.step.roles
@@ -137,6 +146,10 @@ def run_model(
     checks.check_params(cfg, params)
     _, s = checks.check_tokens(cfg, plan, tokens, targets)
     checks.check_model(cfg, plan, s)
+    if plan.pp > 1:
+        from .pipelined import run_pipelined
+
+        return run_pipelined(cfg, plan, mesh, params, tokens, targets, dropout_seed=dropout_seed)
     roles = Roles.of(plan, cfg.n_kv)
     dtype = _compute_dtype(plan, params)
     weights = {k: _place(mesh, v, roles.weight_layout(k), k, dtype, "params") for k, v in params.items()}

@@ -28,6 +28,7 @@ from ..array import ShardedArray
 from ..collectives import all_gather, all_reduce, reduce_scatter
 from ..models import TransformerConfig
 from ..ops import sum_dim
+from ..pieces import concat, split
 from .local import keep_mask, scalar
 from .roles import Roles
 
@@ -40,6 +41,7 @@ class Step:
     roles: Roles
     weights: dict[str, ShardedArray]
     seed: int | None
+    micro: tuple[int, int] | None = None  # (microbatch j, of m) when a pipeline splits the batch
 
     @property
     def dropout_on(self) -> bool:
@@ -80,7 +82,19 @@ class Step:
         if not self.dropout_on:
             return None
         assert self.seed is not None
-        return keep_mask(self.seed, layer, site, self.cfg.dropout, like, layout, like.global_shape)
+        if self.micro is None:
+            mask = keep_mask(self.seed, layer, site, self.cfg.dropout, like, layout, like.global_shape)
+        else:  # the whole batch's mask, cut as the batch was into microbatches: the reference's draw
+            j, m = self.micro
+            whole = (like.global_shape[0] * m,) + like.global_shape[1:]
+            full = keep_mask(self.seed, layer, site, self.cfg.dropout, like, layout, whole)
+            mask = concat([split(full, 0, m)[j]], 0)  # its own buffer: the rest of the mask dies
+        if like.holders is None:
+            return mask
+        data = None if mask.is_shape_only else mask.compact()
+        return ShardedArray(  # held by the stage that drops: a pipeline stage keeps its own masks
+            mask.mesh, mask.layout, mask.global_shape, mask.dtype, data, label=mask.label, holders=like.holders
+        )
 
     def drop(self, x: ShardedArray, mask: ShardedArray | None) -> ShardedArray:
         """``x * mask / (1 - p)`` (``x`` itself without dropout); the backward is the same map."""
