@@ -54,7 +54,9 @@ def _nm(x: ShardedArray) -> int:
 
 
 def split_heads(x: ShardedArray, heads: int) -> ShardedArray:
-    """``[B, S, NH] -> [B, S, N, H]``: chip columns ``n*H:(n+1)*H`` are its head ``n`` (a view)."""
+    """``[B, S, NH] -> [B, S, N, H]`` (``KH -> K``): columns ``n*H:(n+1)*H`` are head ``n`` (a view).
+
+    The heads dimension keeps the columns' split, so a chip's whole heads stay its own."""
     d = x.layout.dims[-1]
     h = x.global_shape[-1] // heads
     layout = Layout(x.layout.dims[:-1] + (Dim(d.name[0], d.axes), Dim("H")))

@@ -51,7 +51,8 @@ class ModelResult:
     the reference's keys; None when shape-only), ``sharded_grads`` (as the plan leaves them:
     split over the data axis under ZeRO-2/3), ``trace``, ``memory`` (the mesh's ledger),
     ``stored`` (per layer, each chip's bytes of activations kept for backward, shape
-    ``mesh.shape``) and ``stored_values`` (per layer, the kept values' bytes on chip 0, by name)."""
+    ``mesh.shape``), ``stored_values`` (per layer, the kept values' bytes per chip that holds
+    them, by name) and ``peak`` (each chip's peak bytes during the step, from the ledger)."""
 
     loss: float | None
     grads: dict[str, np.ndarray] | None
