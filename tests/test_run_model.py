@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from shardsim import DivisibilityError, ShapeDtype, ShapeError
 from shardsim.dtypes import tolerance
-from shardsim.models import TransformerConfig, reference
+from shardsim.models import TransformerConfig, get, reference
 from shardsim.plan import Plan, PlanError
 from shardsim.transformer.checks import ModelInputError
 from shardsim.transformer.run import run_model
@@ -32,9 +32,15 @@ def check_against_reference(cfg: TransformerConfig, plan: Plan, dtype: str, b: i
     tol = tolerance(dtype, contraction, ulps=64)
     assert got.loss == pytest.approx(want_loss, rel=tol)
     assert got.grads is not None and list(got.grads) == list(want)
-    scale = max(np.abs(g).max() for g in want.values())  # some gradients are 0 in exact arithmetic (bk)
+    scale = max(np.abs(g).max() for g in want.values())
     for k, g in want.items():
         assert got.grads[k].dtype == g.dtype, k
+        if k.endswith(".attn.bk") and cfg.position != "rope":
+            # 0 in exact arithmetic (softmax ignores a shift shared by every key): both sides are
+            # rounding noise of products of size ~scale, so each is held to zero, not to the other
+            for name, value in (("run_model", got.grads[k]), ("reference", g)):
+                assert np.abs(value).max() <= tol * 1e-2 * scale, f"{k} of the {name} is not 0 under {plan}"
+            continue
         err = np.abs(got.grads[k] - g).max()
         assert err <= tol * max(np.abs(g).max(), 1e-3 * scale), f"{k}: error {err:.3g} under {plan}"
 
@@ -259,9 +265,10 @@ def test_demo_walks_a_block_through_tp_and_tp_sp() -> None:
     tp = walk("gpt-tiny", "tp=2")
     assert "Forward: 2 collectives" in tp and "Backward: 2 collectives" in tp  # one AllReduce per half-block
     assert tp.rstrip().endswith("PASS")
-    text = walk_all()
+    assert "attn.mask attn_probs" not in tp  # gpt-tiny trains without dropout: no masks
+    text = walk_all(get("gpt-tiny").scaled(dropout=0.1))
     assert text.count("PASS") == 2 and "reduce_scatter  model  Attn out" in text
-    assert "attn.mask attn_probs" in text  # gpt-tiny has dropout: its masks are stored
+    assert "attn.mask attn_probs" in text  # with dropout its masks are stored
 
 
 def test_bf16_precision_computes_in_bfloat16() -> None:

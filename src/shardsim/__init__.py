@@ -23,8 +23,10 @@ from .errors import (
     MatmulShardingError,
     MeshAxisError,
     MeshMismatchError,
+    ModelInputError,
     OutOfMemoryError,
     PartialSumError,
+    PlanError,
     ShapeError,
     ShapeOnlyError,
     ShardingError,
@@ -34,6 +36,7 @@ from .layout import Layout
 from .mesh import Mesh
 from .ops import activation, activation_grad, cast, matmul
 from .pictures import show
+from .plan import Plan
 from .reshard import reshard
 from .strategies import run_strategy
 from .tracing import Trace, phase, trace
@@ -48,6 +51,10 @@ def __getattr__(name: str) -> object:
         import importlib
 
         return importlib.import_module(".models", __name__)
+    if name == "run_model":  # it needs shardsim.models: loaded on first use as well
+        from .transformer import run_model
+
+        return run_model
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
@@ -63,8 +70,11 @@ __all__ = [
     "Mesh",
     "MeshAxisError",
     "MeshMismatchError",
+    "ModelInputError",
     "OutOfMemoryError",
     "PartialSumError",
+    "Plan",
+    "PlanError",
     "ShapeDtype",
     "ShapeError",
     "ShapeOnlyError",
@@ -92,6 +102,7 @@ __all__ = [
     "ppermute",
     "reduce_scatter",
     "reshard",
+    "run_model",
     "run_strategy",
     "shard",
     "show",

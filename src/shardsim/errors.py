@@ -79,6 +79,16 @@ class ConfigError(ShardsimError, ValueError):
     """A model configuration field out of range, or model inputs that do not fit the configuration."""
 
 
+class PlanError(ShardingError):
+    """A parallelisation plan that cannot be: an unknown key, a bad degree, two parallelisms on one
+    mesh axis, a plan that does not fit its mesh, or a combination ``run_model`` does not run."""
+
+
+class ModelInputError(ShardingError):
+    """Tokens or targets that do not fit the model under a plan: not ``[B, S]`` integers, outside
+    the vocabulary, or longer than ``cfg.seq``."""
+
+
 __all__ = [
     "CheckpointError",
     "ChipFailureError",
@@ -90,8 +100,10 @@ __all__ = [
     "MatmulShardingError",
     "MeshAxisError",
     "MeshMismatchError",
+    "ModelInputError",
     "OutOfMemoryError",
     "PartialSumError",
+    "PlanError",
     "ShapeError",
     "ShapeOnlyError",
     "ShardingError",

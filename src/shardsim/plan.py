@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import MeshAxisError, ShardingError
+from .errors import MeshAxisError, PlanError
 from .mesh import Mesh
 from .training.precision import _NAMES as PRECISIONS
 
@@ -33,10 +33,6 @@ ROLES = ("data", "pipe", "context", "expert", "model")  # mesh order: the tensor
 DEGREE = {"data": "dp", "pipe": "pp", "context": "cp", "expert": "ep", "model": "tp"}
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
-
-
-class PlanError(ShardingError):
-    """A plan that cannot be: an unknown key, a bad degree, or a plan that does not fit its mesh."""
 
 
 @dataclass(frozen=True)

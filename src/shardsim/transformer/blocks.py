@@ -202,15 +202,16 @@ def mlp_forward(step: Step, i: int, x: ShardedArray) -> tuple[ShardedArray, Save
         z = _linear(h, step, f"{pre}.w_out", None, "H @ W_out")  # 5.
         saved.update({"H_pre": h_pre, "H": h})
     else:
-        gate = _linear(c_full, step, f"{pre}.w_gate", None, "Gate")
-        up = _linear(c_full, step, f"{pre}.w_up", None, "Up")
+        gate = _linear(c_full, step, f"{pre}.w_gate", f"{pre}.b_gate", "Gate")
+        up = _linear(c_full, step, f"{pre}.w_up", f"{pre}.b_up", "Up")
         h = (silu(gate) * up).named("H")
         z = _linear(h, step, f"{pre}.w_down", None, "H @ W_down")
         saved.update({"Gate": gate, "Up": up, "H": h})
     del c_full
     y = step.leave(z, "MLP out")  # 6.
-    if step.has(f"{pre}.b_out"):
-        y = y + step.w(f"{pre}.b_out")
+    out_b = f"{pre}.b_out" if cfg.mlp == "gelu" else f"{pre}.b_down"
+    if step.has(out_b):  # after the reduction: added once, not once per model chip
+        y = y + step.w(out_b)
     mask = step.mask(i, "mlp_out", y, step.roles.act())
     if mask is not None:
         saved["mask mlp_out"] = mask
@@ -221,9 +222,9 @@ def mlp_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> tuple[
     cfg, pre = step.cfg, f"layers.{i}.mlp"
     grads: Grads = {}
     dz = step.enter(step.drop(dout, saved.get("mask mlp_out")), "dMLP out")  # 7-6.
-    if step.has(f"{pre}.b_out"):
-        grads[f"{pre}.b_out"] = step.token_sum(dz, "db_out")
-    out_w = f"{pre}.w_out" if cfg.mlp == "gelu" else f"{pre}.w_down"
+    out_w, out_b = (f"{pre}.w_out", f"{pre}.b_out") if cfg.mlp == "gelu" else (f"{pre}.w_down", f"{pre}.b_down")
+    if step.has(out_b):
+        grads[out_b] = step.token_sum(dz, f"d{out_b.rsplit('.', 1)[-1]}")
     grads[out_w] = _weight_grad(saved["H"], dz, "dW_out")  # 5.
     dh = (dz @ step.w(out_w).T).named("dH")
     del dz
@@ -240,6 +241,9 @@ def mlp_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> tuple[
         dup = (dh * silu(gate)).named("dUp")
         grads[f"{pre}.w_gate"] = _weight_grad(c_full, dgate, "dW_gate")
         grads[f"{pre}.w_up"] = _weight_grad(c_full, dup, "dW_up")
+        for name, d in (("b_gate", dgate), ("b_up", dup)):
+            if step.has(f"{pre}.{name}"):
+                grads[f"{pre}.{name}"] = step.token_sum(d, f"d{name}")
         dc = dgate @ step.w(f"{pre}.w_gate").T + dup @ step.w(f"{pre}.w_up").T
     del c_full, dh
     dc = step.leave(dc, "dCn")  # 2.

@@ -20,14 +20,10 @@ from typing import Any
 import numpy as np
 
 from ..array import ShapeDtype
-from ..errors import DivisibilityError, ShapeError, ShardingError
+from ..errors import DivisibilityError, ModelInputError, PlanError, ShapeError
 from ..mesh import Mesh
 from ..models import TransformerConfig
-from ..plan import Plan, PlanError
-
-
-class ModelInputError(ShardingError):
-    """Tokens or targets that do not fit the model: outside the vocabulary, longer than ``cfg.seq``."""
+from ..plan import Plan
 
 
 def check_plan(plan: Plan, mesh: Mesh) -> None:

@@ -41,6 +41,9 @@ _WEIGHT_DIMS = {
     "w_down": (("F", "D"), 0),
     "b_in": (("F",), 0),
     "b_out": (("D",), None),
+    "b_gate": (("F",), 0),
+    "b_up": (("F",), 0),
+    "b_down": (("D",), None),
 }
 _KV = ("wk", "wv", "bk", "bv")
 
