@@ -4,7 +4,9 @@ Degrees: ``dp`` (data parallel), ``tp`` (tensor parallel), ``pp`` (pipeline stag
 (expert parallel), ``cp`` (context parallel); ``zero`` is the ZeRO stage over the data axis
 (0 plain DDP, 1 optimizer state, 2 + gradients, 3 + weights = FSDP); ``sp`` turns on
 Megatron sequence parallelism inside the tensor-parallel group; ``schedule``,
-``microbatches`` and ``virtual_stages`` describe the pipeline; ``recompute`` is the
+``microbatches`` and ``virtual_stages`` describe the pipeline; ``cp_method`` is the context-parallel
+attention (``ring`` or ``all_gather``) and ``cp_balanced`` its causal load balancing (the
+zigzag order of :func:`shardsim.context.balanced_order`; False: contiguous blocks); ``recompute`` is the
 activation recomputation policy of Korthikanti et al. 2022 (``none``, ``selective``,
 ``full``); ``precision`` names a :class:`~shardsim.training.precision.Precision` (None: the
 weights' own dtype). Each parallelism runs over its own mesh axis (``data``, ``model``,
@@ -32,6 +34,7 @@ from .training.precision import _NAMES as PRECISIONS
 ROLES = ("data", "pipe", "context", "expert", "model")  # mesh order: the tensor-parallel axis innermost
 DEGREE = {"data": "dp", "pipe": "pp", "context": "cp", "expert": "ep", "model": "tp"}
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+CP_METHODS = ("ring", "all_gather")
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -53,6 +56,8 @@ class Plan:
     virtual_stages: int = 1
     ep: int = 1
     cp: int = 1
+    cp_method: str = "ring"
+    cp_balanced: bool = True
     recompute: str = "none"
     precision: str | None = None
     data_axis: str = "data"
@@ -70,6 +75,10 @@ class Plan:
             raise PlanError(f"Plan.zero is the ZeRO stage 0, 1, 2 or 3 (3 = FSDP), got {self.zero!r}")
         if self.schedule not in SCHEDULES:
             raise PlanError(f"Plan.schedule={self.schedule!r}: choose one of {list(SCHEDULES)}")
+        if self.cp_method not in CP_METHODS:
+            raise PlanError(f"Plan.cp_method={self.cp_method!r}: choose one of {list(CP_METHODS)}")
+        if not isinstance(self.cp_balanced, bool):
+            raise PlanError(f"Plan.cp_balanced is True (zigzag chunks) or False (contiguous), got {self.cp_balanced!r}")
         if self.recompute not in RECOMPUTE:
             raise PlanError(f"Plan.recompute={self.recompute!r}: choose one of {list(RECOMPUTE)}")
         if self.precision is not None and self.precision not in PRECISIONS:

@@ -1,7 +1,8 @@
 """Which mesh axis each role of a plan runs on, and the layouts that follow: activations and weights.
 
-Activations are ``[B, S, D]`` with B split over the data axis; under sequence parallelism S
-is split over the model axis outside the tensor-parallel regions. A weight is split over the
+Activations are ``[B, S, D]`` with B split over the data axis; under context parallelism S is
+split over the context axis everywhere, and under sequence parallelism also over the model
+axis outside the tensor-parallel regions (``S_{context,model}``). A weight is split over the
 model axis as Megatron splits it (column-parallel ``wq, wk, wv, w_in, w_gate, w_up,
 lm_head``, row-parallel ``wo, w_out, w_down``, vocabulary-parallel ``embed``) and, under
 ZeRO-3 / FSDP, its ``D`` dimension (or its only one) also over the data axis.
@@ -58,15 +59,26 @@ class Roles:
     zero: int
     recompute: str
     kv_copies: int = 1  # chips per KV head when the model axis has more chips than KV heads
+    context: str | None = None
+    cp_method: str = "ring"
 
     @classmethod
     def of(cls, plan: Plan, kv_heads: int | None = None) -> Roles:
         copies = plan.tp // kv_heads if kv_heads is not None and kv_heads < plan.tp else 1
-        return cls(plan.axis("data"), plan.axis("model"), plan.sp, plan.zero, plan.recompute, copies)
+        return cls(
+            plan.axis("data"),
+            plan.axis("model"),
+            plan.sp,
+            plan.zero,
+            plan.recompute,
+            copies,
+            plan.axis("context"),
+            plan.cp_method,
+        )
 
     @property
     def seq(self) -> str | None:
-        """The axis splitting S outside the tensor-parallel regions (sequence parallelism), or None."""
+        """The model axis when it splits S outside the tensor-parallel regions (sequence parallelism), or None."""
         return self.model if self.sp else None
 
     @property
@@ -75,11 +87,11 @@ class Roles:
 
     def act(self, last: str = "D") -> str:
         """The residual stream's layout: ``[B_data, S, D]``, ``[B_data, S_model, D]`` under SP."""
-        return f"[{dim('B', self.data)}, {dim('S', self.seq)}, {last}]"
+        return f"[{dim('B', self.data)}, {dim('S', self.context, self.seq)}, {last}]"
 
     def full(self, last: str = "D") -> str:
-        """A tensor-parallel region's layout: the whole sequence, ``last`` as given."""
-        return f"[{dim('B', self.data)}, S, {last}]"
+        """A tensor-parallel region's layout: the whole sequence (the context block under CP), ``last`` as given."""
+        return f"[{dim('B', self.data)}, {dim('S', self.context)}, {last}]"
 
     def weight_dims(self, name: str, *, sharded: bool) -> tuple[str, ...]:
         short = name.rsplit(".", 1)[-1]
