@@ -39,7 +39,7 @@ import math
 from ..array import ShardedArray
 from ..ops import activation, activation_grad
 from ..tracing import phase
-from . import norms
+from . import context_parallel, norms
 from .local import (
     causal_softmax,
     dim,
@@ -122,21 +122,27 @@ def attention_forward(step: Step, i: int, x: ShardedArray) -> tuple[ShardedArray
     v = split_heads(_linear(a_full, step, f"{pre}.attn.wv", f"{pre}.attn.bv", "V"), step.kv_heads)
     del a_full
     if cfg.position == "rope":  # 4.
-        q, k = rope(q, cfg.rope_theta), rope(k, cfg.rope_theta)
-    p, mask_p, pd = _core(step, i, q, k, v)  # 5.
-    vt = repeat_kv(heads_first(v), cfg.heads // step.kv_heads)
-    c = merge_heads(heads_first(pd @ vt)).named("C")  # 6. [B, S, NH_Y]
-    del vt
+        q, k = rope(q, cfg.rope_theta, positions=step.positions), rope(k, cfg.rope_theta, positions=step.positions)
+    saved = {"x": x, "A": a, "Q": q, "K": k, "V": v}
+    if step.roles.context is not None:  # 5-6. ring / all-gather attention: no S x S block is kept
+        assert step.positions is not None
+        o, saved["lse"] = context_parallel.forward(step.roles, step.positions, q, k, v)
+        c = merge_heads(o).named("C")
+    else:
+        p, mask_p, pd = _core(step, i, q, k, v)  # 5.
+        vt = repeat_kv(heads_first(v), cfg.heads // step.kv_heads)
+        c = merge_heads(heads_first(pd @ vt)).named("C")  # 6. [B, S, NH_Y]
+        del vt
+        if step.roles.recompute != "selective":
+            saved.update({"P": p, "Pd": pd})
+            if mask_p is not None:
+                saved["mask attn_probs"] = mask_p
+    saved["C"] = c
     y = step.leave(_linear(c, step, f"{pre}.attn.wo", None, "C @ Wo"), "Attn out")  # 7-8.
     if step.has(f"{pre}.attn.bo"):
         y = y + step.w(f"{pre}.attn.bo")
     mask_o = step.mask(i, "attn_out", y, step.roles.act())
     out = (x + step.drop(y, mask_o)).named("x")  # 9.
-    saved = {"x": x, "A": a, "Q": q, "K": k, "V": v, "C": c}
-    if step.roles.recompute != "selective":
-        saved.update({"P": p, "Pd": pd})
-        if mask_p is not None:
-            saved["mask attn_probs"] = mask_p
     if mask_o is not None:
         saved["mask attn_out"] = mask_o
     return out, saved
@@ -145,32 +151,24 @@ def attention_forward(step: Step, i: int, x: ShardedArray) -> tuple[ShardedArray
 def attention_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> tuple[ShardedArray, Grads]:
     cfg, pre = step.cfg, f"layers.{i}"
     grads: Grads = {}
-    groups = cfg.heads // step.kv_heads
     dy = step.enter(step.drop(dout, saved.get("mask attn_out")), "dAttn out")  # 9-8. ḡ backward
     if step.has(f"{pre}.attn.bo"):
         grads[f"{pre}.attn.bo"] = step.token_sum(dy, "dbo")
     grads[f"{pre}.attn.wo"] = _weight_grad(saved["C"], dy, "dWo")  # 7.
-    dc = heads_first(split_heads((dy @ step.w(f"{pre}.attn.wo").T).named("dC"), cfg.heads))  # [B, N_Y, S, H]
+    dc = split_heads((dy @ step.w(f"{pre}.attn.wo").T).named("dC"), cfg.heads)  # [B, S, N_Y, H]
     del dy
     q, k, v = saved["Q"], saved["K"], saved["V"]
-    if "P" in saved:
-        p, mask_p, pd = saved["P"], saved.get("mask attn_probs"), saved["Pd"]
-    else:  # selective recomputation of the attention core
-        with phase("recompute"):
-            p, mask_p, pd = _core(step, i, q, k, v)
-    vt = repeat_kv(heads_first(v), groups)
-    dv = fold_kv(pd.transpose(0, 1, 3, 2) @ dc, groups)  # 6. dV = Pd^T dC
-    dpd = dc @ vt.transpose(0, 1, 3, 2)  # dPd = dC V^T
-    del vt, pd, dc
-    ds = softmax_backward(p, step.drop(dpd, mask_p), 1.0 / math.sqrt(cfg.hd))  # 5.
-    del p, dpd, mask_p
-    kt = repeat_kv(heads_first(k), groups)
-    dq = ds @ kt  # [B, N_Y, S, H]
-    dk = fold_kv(ds.transpose(0, 1, 3, 2) @ heads_first(q), groups)
-    del ds, kt
-    dq, dk, dv = heads_first(dq), heads_first(dk), heads_first(dv)  # [B, S, N_Y, H]
+    if step.roles.context is not None:
+        assert step.positions is not None
+        o = split_heads(saved["C"], cfg.heads)
+        dq, dk, dv = context_parallel.backward(step.roles, step.positions, q, k, v, o, saved["lse"], dc)
+        del o, dc
+    else:
+        dq, dk, dv = _core_backward(step, i, saved, heads_first(dc))
+        del dc
     if cfg.position == "rope":  # 4.
-        dq, dk = rope(dq, cfg.rope_theta, inverse=True), rope(dk, cfg.rope_theta, inverse=True)
+        dq = rope(dq, cfg.rope_theta, inverse=True, positions=step.positions)
+        dk = rope(dk, cfg.rope_theta, inverse=True, positions=step.positions)
     a_full = step.enter(saved["A"], "A")  # SP stored A split: AllGather it again
     da = None
     merged = [merge_heads(dq).named("dQ"), merge_heads(dk, "KH").named("dK"), merge_heads(dv, "KH").named("dV")]
@@ -188,6 +186,31 @@ def attention_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> 
     da = step.leave(da, "dA")  # 2. g backward: AllReduce / ReduceScatter
     dx = _norm_backward(step, f"{pre}.attn_norm", saved["x"], da, grads)  # 1.
     return (dout + dx).named("dx"), grads
+
+
+def _core_backward(
+    step: Step, i: int, saved: Saved, dc: ShardedArray
+) -> tuple[ShardedArray, ShardedArray, ShardedArray]:
+    """Steps 6-5 backward from ``dC [B, N_Y, S, H]``: ``(dQ, dK, dV)`` as ``[B, S, N_Y, H]``."""
+    cfg = step.cfg
+    groups = cfg.heads // step.kv_heads
+    q, k, v = saved["Q"], saved["K"], saved["V"]
+    if "P" in saved:
+        p, mask_p, pd = saved["P"], saved.get("mask attn_probs"), saved["Pd"]
+    else:  # selective recomputation of the attention core
+        with phase("recompute"):
+            p, mask_p, pd = _core(step, i, q, k, v)
+    vt = repeat_kv(heads_first(v), groups)
+    dv = fold_kv(pd.transpose(0, 1, 3, 2) @ dc, groups)  # 6. dV = Pd^T dC
+    dpd = dc @ vt.transpose(0, 1, 3, 2)  # dPd = dC V^T
+    del vt, pd, dc
+    ds = softmax_backward(p, step.drop(dpd, mask_p), 1.0 / math.sqrt(cfg.hd))  # 5.
+    del p, dpd, mask_p
+    kt = repeat_kv(heads_first(k), groups)
+    dq = ds @ kt  # [B, N_Y, S, H]
+    dk = fold_kv(ds.transpose(0, 1, 3, 2) @ heads_first(q), groups)
+    del ds, kt
+    return heads_first(dq), heads_first(dk), heads_first(dv)  # [B, S, N_Y, H]
 
 
 # -- MLP --------------------------------------------------------------------------------------------

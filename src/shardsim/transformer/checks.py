@@ -28,16 +28,19 @@ from ..plan import Plan
 
 def check_plan(plan: Plan, mesh: Mesh) -> None:
     plan.check(mesh)
-    for role, key in (("expert", "ep"), ("context", "cp")):
-        if plan.degree(role) > 1:
-            raise PlanError(
-                f"run_model runs data, ZeRO/FSDP, tensor, sequence and pipeline parallelism; "
-                f"{key}={plan.degree(role)} is not part of it yet: set {key}=1"
-            )
+    if plan.ep > 1:
+        raise PlanError(
+            f"run_model runs data, ZeRO/FSDP, tensor, sequence, context and pipeline parallelism; "
+            f"ep={plan.ep} is not part of it yet: set ep=1"
+        )
+    if plan.cp > 1 and plan.pp > 1:
+        raise PlanError(
+            f"run_model does not yet pipeline a context-parallel model (cp={plan.cp}, pp={plan.pp}): set pp=1 or cp=1"
+        )
 
 
-def check_model(cfg: TransformerConfig, plan: Plan, seq: int) -> None:
-    """Every dimension the plan splits divides by its axis' size."""
+def check_model(cfg: TransformerConfig, plan: Plan, seq: int, *, dropout_on: bool = False) -> None:
+    """Every dimension the plan splits divides by its axis' size (``dropout_on``: the step drops)."""
     t = plan.tp
     ax = f"tp={t} (the model axis {plan.model_axis!r})"
     for what, n in (("heads", cfg.heads), ("d_ff", cfg.d_ff), ("vocab", cfg.vocab)):
@@ -52,10 +55,37 @@ def check_model(cfg: TransformerConfig, plan: Plan, seq: int) -> None:
         )
     if plan.sp and seq % t:
         raise DivisibilityError(f"sequence length {seq} does not divide by {ax} for sequence parallelism (sp)")
+    if plan.cp > 1:
+        _check_context(cfg, plan, seq, dropout_on)
     if plan.zero == 3 and plan.dp > 1 and cfg.d_model % plan.dp:
         raise DivisibilityError(
             f"d_model={cfg.d_model} does not divide by dp={plan.dp}: ZeRO-3 / FSDP splits every weight's D "
             "over the data axis"
+        )
+
+
+def _check_context(cfg: TransformerConfig, plan: Plan, seq: int, dropout_on: bool) -> None:
+    """The sequence splits evenly over the context axis (in 2·cp chunks when balanced, times tp under SP)."""
+    c = plan.cp
+    ax = f"cp={c} (the context axis {plan.context_axis!r})"
+    chunks = 2 * c if plan.cp_balanced else c
+    if seq % chunks:
+        how = f"2*cp = {chunks} chunks for the balanced (zigzag) split" if plan.cp_balanced else f"{c} blocks"
+        fits = [chunks * m for m in range(max(1, seq // chunks), max(1, seq // chunks) + 3)]
+        raise DivisibilityError(
+            f"sequence length {seq} does not divide into {how} of {ax}; use a length in {fits}"
+            + (" or cp_balanced=false (contiguous blocks)" if plan.cp_balanced and seq % c == 0 else "")
+        )
+    if plan.sp and seq % (c * plan.tp):
+        raise DivisibilityError(
+            f"sequence length {seq} does not divide by cp x tp = {c * plan.tp}: sequence parallelism splits "
+            f"each context block over the model axis too"
+        )
+    if dropout_on:
+        raise PlanError(
+            f"cfg.dropout={cfg.dropout} with {ax}: attention dropout draws its masks on the whole "
+            "[B, N, S, S] probabilities, which context parallelism never forms (at long sequences they "
+            "cannot be drawn); run without a dropout_seed or with cfg.scaled(dropout=0.0)"
         )
 
 

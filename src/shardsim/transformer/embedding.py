@@ -28,6 +28,7 @@ from ..array import ShardedArray
 from ..collectives import all_gather, all_reduce
 from ..ops import cast, map_blocks, sum_dim
 from . import norms
+from .context_parallel import permute_rows, position_grads
 from .local import (
     embed_lookup,
     embed_scatter,
@@ -53,6 +54,9 @@ def embed_forward(step: Step, tokens: ShardedArray) -> ShardedArray:
     s = tokens.global_shape[1]
     if s < cfg.seq:
         pos = rows(pos, s)
+    if r.context is not None:  # each row's own position, then the context block's rows
+        assert step.rows is not None
+        pos = scatter_to(permute_rows(pos, step.rows, "pos_embed"), 0, r.context)
     if r.seq is not None:
         pos = scatter_to(pos, 0, r.seq)  # own S/t rows: no communication
     return (e + pos).named("x")  # 3.
@@ -62,9 +66,14 @@ def embed_backward(step: Step, tokens: ShardedArray, dx: ShardedArray) -> dict[s
     """``{"embed": dEmbed, "pos_embed": dPos}``, partial over the data axis (pos_embed rows ``[:S]``)."""
     r = step.roles
     full = step.enter(dx, "dx")  # SP: the embedding's ReduceScatter backward is an AllGather
-    grads = {"embed": embed_scatter(full, tokens, step.cfg.vocab, r.model, r.data)}
+    token_axes = tuple(a for a in (r.data, r.context) if a is not None)
+    grads = {"embed": embed_scatter(full, tokens, step.cfg.vocab, r.model, token_axes)}
     if step.cfg.position == "learned":
-        grads["pos_embed"] = sum_dim(full, "B", label="dpos_embed")
+        if r.context is not None:  # each row's gradient into the row of its real position
+            assert step.positions is not None
+            grads["pos_embed"] = position_grads(full, step.positions, token_axes)
+        else:
+            grads["pos_embed"] = sum_dim(full, "B", label="dpos_embed")
     return grads
 
 

@@ -72,10 +72,13 @@ def merge_heads(x: ShardedArray, name: str = "NH") -> ShardedArray:
 
 
 def flat_tokens(x: ShardedArray) -> ShardedArray:
-    """``[B, S, X] -> [T, X]`` with ``T = B*S`` split as B is (S must be whole on every chip)."""
+    """``[B, S, X] -> [T, X]`` with ``T = B*S`` split over the axes of B and S.
+
+    With S split (context parallelism) a chip's rows are not a contiguous block of the
+    global token order; the result is only ever contracted over T (a sum over tokens), which
+    does not depend on the order."""
     b, s = x.layout.dims[:2]
-    assert not s.axes, "flat_tokens needs the whole sequence on every chip"
-    layout = Layout((Dim("T", b.axes), x.layout.dims[2]), x.layout.partial)
+    layout = Layout((Dim("T", b.axes + s.axes), x.layout.dims[2]), x.layout.partial)
     data = None if x.is_shape_only else x.compact().reshape(x.compact().shape[: _nm(x)] + (-1, x.local_shape[-1]))
     return _view(x, layout, (x.global_shape[0] * x.global_shape[1], x.global_shape[2]), data)
 
@@ -172,10 +175,23 @@ def softmax_backward(probs: ShardedArray, dprobs: ShardedArray, scale: float) ->
     return blockwise(fn, [probs, dprobs], (dprobs.layout, dprobs.global_shape, dprobs.dtype), label="dScores")
 
 
-def rope(x: ShardedArray, theta: float, *, inverse: bool = False) -> ShardedArray:
-    """RoPE on ``[B, S, N, H]`` (whole sequence on every chip); ``inverse`` rotates back (its backward)."""
-    pos = np.arange(x.global_shape[1]) * (-1 if inverse else 1)
-    return map_blocks(x, lambda a: reference.rope(a, pos, theta).astype(a.dtype), "rope", label=x.label)
+def rope(
+    x: ShardedArray, theta: float, *, inverse: bool = False, positions: ShardedArray | None = None
+) -> ShardedArray:
+    """RoPE on ``[B, S, N, H]``; ``inverse`` rotates back (its backward).
+
+    ``positions`` (context parallelism): the int ``[S_context]`` global position of each row,
+    so each chip rotates its rows by their real positions; None: the whole sequence in order."""
+    sign = -1 if inverse else 1
+    if positions is None or x.is_shape_only:
+        pos = np.arange(x.global_shape[1]) * sign
+        return map_blocks(x, lambda a: reference.rope(a, pos, theta).astype(a.dtype), "rope", label=x.label)
+    nm = _nm(x)
+
+    def fn(a: np.ndarray, p: np.ndarray) -> np.ndarray:
+        return _per_chip(lambda ab, pb: reference.rope(ab, pb * sign, theta).astype(ab.dtype), a, p, nm=nm)
+
+    return blockwise(fn, [x, positions], (x.layout, x.global_shape, x.dtype), label=x.label)
 
 
 def silu(x: ShardedArray) -> ShardedArray:
@@ -236,15 +252,15 @@ def embed_lookup(embed: ShardedArray, tokens: ShardedArray, model: str | None) -
 
 
 def embed_scatter(
-    dx: ShardedArray, tokens: ShardedArray, vocab: int, model: str | None, data: str | None
+    dx: ShardedArray, tokens: ShardedArray, vocab: int, model: str | None, data: tuple[str, ...]
 ) -> ShardedArray:
     """``dEmbed[V_model, D]``: each chip adds the rows of ``dx[B, S, D]`` into its own vocabulary rows.
 
-    A sum over the chip's tokens: partial over the data axis."""
+    A sum over the chip's tokens: partial over the axes splitting them (``data``)."""
     nm = _nm(dx)
     rows = vocab // (dx.mesh.axis_size(model) if model else 1)
     off = _offsets(dx, model, rows)
-    layout = f"[{dim('V', model)}, D]" + (f"{{U_{data}}}" if data else "")
+    layout = f"[{dim('V', model)}, D]" + ("{" + ", ".join(f"U_{a}" for a in data) + "}" if data else "")
 
     def fn(d: np.ndarray, t: np.ndarray) -> np.ndarray:
         local = t - off.reshape(off.shape + (1,) * (t.ndim - nm))

@@ -37,7 +37,7 @@ from ..models import TransformerConfig
 from ..plan import Plan
 from ..tracing import Trace, phase, trace
 from ..training.precision import Precision
-from . import checks
+from . import checks, context_parallel
 from .blocks import layer_backward, layer_forward
 from .embedding import embed_backward, embed_forward, head_backward, head_forward, loss_value
 from .local import dim, rows
@@ -84,7 +84,8 @@ def _place(mesh: Mesh, value: Any, layout: str, label: str, dtype: np.dtype, cat
 
 def _tokens(mesh: Mesh, roles: Roles, value: Any, label: str) -> ShardedArray:
     dt = value.dtype if isinstance(value, ShapeDtype) else np.asarray(value).dtype
-    return _place(mesh, value, f"[{dim('B', roles.data)}, S]", label, np.dtype(dt), "activations")
+    layout = f"[{dim('B', roles.data)}, {dim('S', roles.context)}]"
+    return _place(mesh, value, layout, label, np.dtype(dt), "activations")
 
 
 class _Gradients:
@@ -115,6 +116,13 @@ class _Gradients:
 
     def finish(self, key: str, g: ShardedArray) -> None:
         r = self.step.roles
+        if r.context is not None and r.context in g.layout.partial:  # a sum over the context block's tokens
+            if r.data is not None and r.zero < 2:  # one AllReduce over the data x context group, as Megatron
+                self.done[key] = (
+                    all_reduce(g, (r.data, r.context), label=f"d{key}").named(f"d{key}").as_category("grads")
+                )
+                return
+            g = all_reduce(g, r.context, label=f"d{key}")
         if r.data is not None:
             g = (
                 all_reduce(g, r.data, label=f"d{key}")
@@ -146,7 +154,7 @@ def run_model(
     checks.check_plan(plan, mesh)
     checks.check_params(cfg, params)
     _, s = checks.check_tokens(cfg, plan, tokens, targets)
-    checks.check_model(cfg, plan, s)
+    checks.check_model(cfg, plan, s, dropout_on=dropout_seed is not None and cfg.dropout > 0.0)
     if plan.pp > 1:
         from .pipelined import run_pipelined
 
@@ -154,8 +162,13 @@ def run_model(
     roles = Roles.of(plan, cfg.n_kv)
     dtype = _compute_dtype(plan, params)
     weights = {k: _place(mesh, v, roles.weight_layout(k), k, dtype, "params") for k, v in params.items()}
+    rows_, pos = None, None
+    if roles.context is not None:  # the sequence in its context-parallel order, up front
+        rows_ = context_parallel.order(s, plan.cp, balanced=plan.cp_balanced)
+        tokens, targets = context_parallel.permuted(tokens, rows_), context_parallel.permuted(targets, rows_)
+        pos = context_parallel.positions(mesh, roles, rows_)
     tok, tgt = _tokens(mesh, roles, tokens, "tokens"), _tokens(mesh, roles, targets, "targets")
-    step = Step(cfg, roles, weights, dropout_seed)
+    step = Step(cfg, roles, weights, dropout_seed, rows=rows_, positions=pos)
     grads = _Gradients(step, s)
     stored: list[np.ndarray] = []
     stored_values: list[dict[str, int]] = []

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..array import ShardedArray
 from ..collectives import all_gather, all_reduce, reduce_scatter
 from ..models import TransformerConfig
@@ -42,6 +44,8 @@ class Step:
     weights: dict[str, ShardedArray]
     seed: int | None
     micro: tuple[int, int] | None = None  # (microbatch j, of m) when a pipeline splits the batch
+    rows: np.ndarray | None = None  # context parallelism: the global position of each row of the sequence
+    positions: ShardedArray | None = None  # ... as the [S_context] the attention's causal mask reads
 
     @property
     def dropout_on(self) -> bool:
