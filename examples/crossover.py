@@ -7,6 +7,7 @@ critical batch, found on the same model. Every point runs the scheme's own progr
 shape-only and costs it.
 
 Run:  python examples/crossover.py [--out docs/img/crossover.png]   (needs shardsim[plot])
+      python examples/crossover.py --both docs/img/crossover-calibrated.png   (ideal beside calibrated)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from shardsim.cost import critical_batch, sweep
 from shardsim.cost.cli import parse_batches
-from shardsim.cost.crossover import crossover_png
+from shardsim.cost.crossover import crossover_both, crossover_png
 
 D, F, CHIPS = 8192, 32768, 256
 SCHEMES = ["ddp", "fsdp", "tp", "fsdp_tp"]
@@ -27,11 +28,15 @@ HARDWARE = ["tpu-v5p", "h100"]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "img" / "crossover.png"))
+    parser.add_argument("--both", help="instead draw the ideal and the calibrated model side by side to this PNG")
     args = parser.parse_args()
+    if args.both:
+        both(args.both)
+        return
     batches = parse_batches("32:65536:45")
     results, critical = {}, {}
     for hw in HARDWARE:
-        results[hw] = sweep(SCHEMES, hw, batches, D, F, chips=CHIPS)
+        results[hw] = sweep(SCHEMES, hw, batches, D, F, chips=CHIPS, efficiency="ideal")
         critical[hw] = {s: critical_batch(s, hw, F, d_model=D, chips=CHIPS).per_chip_batch for s in SCHEMES}
         for scheme, b in critical[hw].items():
             shown = "never compute-bound" if math.isinf(b) else f"compute-bound above {b:,.0f} tokens per chip"
@@ -40,6 +45,18 @@ def main() -> None:
     title = f"One MLP layer, d_model {D}, d_ff {F}, {CHIPS} chips: forward + backward step"
     crossover_png(results, args.out, critical=critical, title=title)
     print(f"wrote {args.out}")
+
+
+def both(out: str) -> None:
+    """Each hardware under the ideal and the calibrated model, one column each."""
+    results, critical = {}, {}
+    for hw in HARDWARE:
+        r, c = crossover_both(SCHEMES, hw, parse_batches("32:65536:23"), D, F, chips=CHIPS)
+        results.update(r)
+        critical.update(c)
+    title = f"One MLP layer, d_model {D}, d_ff {F}, {CHIPS} chips: ideal and calibrated model"
+    crossover_png(results, out, critical=critical, title=title)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

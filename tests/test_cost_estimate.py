@@ -26,7 +26,7 @@ V5P = get_hardware("tpu-v5p")
 
 
 def test_mfu_is_model_flops_over_step_time():
-    est = estimate("fsdp", Mesh(X=16), V5P, 16 * 4096, D, F, layers=2)
+    est = estimate("fsdp", Mesh(X=16), V5P, 16 * 4096, D, F, layers=2, efficiency="ideal")
     flops = 12 * 16 * 4096 * D * F * 2
     assert est.mfu == pytest.approx(flops / (16 * est.step_s * 4.59e14))
     # compute-bound: the step is the matmuls plus the first, unhidden weight AllGather
@@ -36,20 +36,20 @@ def test_mfu_is_model_flops_over_step_time():
 
 def test_bound_flips_at_the_critical_batch():
     c = critical_batch("fsdp", V5P, mesh=Mesh(X=16))
-    below = estimate("fsdp", Mesh(X=16), V5P, 16 * int(c.per_chip_batch * 0.97), D, F)
-    above = estimate("fsdp", Mesh(X=16), V5P, 16 * int(c.per_chip_batch * 1.03), D, F)
+    below = estimate("fsdp", Mesh(X=16), V5P, 16 * int(c.per_chip_batch * 0.97), D, F, efficiency="ideal")
+    above = estimate("fsdp", Mesh(X=16), V5P, 16 * int(c.per_chip_batch * 1.03), D, F, efficiency="ideal")
     assert (below.bound, above.bound) == ("communication", "compute")
 
 
 def test_small_matmuls_are_memory_bound():
     # 64 tokens per chip on one chip's worth of TP: below the v5p critical intensity
-    est = estimate("tp", Mesh(Y=2), V5P, 2 * 64, D, F)
+    est = estimate("tp", Mesh(Y=2), V5P, 2 * 64, D, F, efficiency="ideal")
     assert est.bound == "memory"
     assert all(b.limit == "memory" for b in est.timeline.bars if b.is_compute)
 
 
 def test_breakdowns_add_up():
-    est = estimate("fsdp_tp", Mesh(X=4, Y=4), V5P, 16 * 1024, D, F, layers=3)
+    est = estimate("fsdp_tp", Mesh(X=4, Y=4), V5P, 16 * 1024, D, F, layers=3, efficiency="ideal")
     per_coll = est.breakdown("collective")
     assert sum(r["seconds"] for r in per_coll) == pytest.approx(est.comm_s)
     assert sum(r["count"] for r in per_coll) == 3 * 11
@@ -63,24 +63,24 @@ def test_breakdowns_add_up():
 
 
 def test_memory_grows_with_layers_and_can_overflow():
-    one = estimate("fsdp", Mesh(X=16), V5P, 16 * 1024, D, F)
-    four = estimate("fsdp", Mesh(X=16), V5P, 16 * 1024, D, F, layers=4)
+    one = estimate("fsdp", Mesh(X=16), V5P, 16 * 1024, D, F, efficiency="ideal")
+    four = estimate("fsdp", Mesh(X=16), V5P, 16 * 1024, D, F, layers=4, efficiency="ideal")
     assert one.memory["params"] == 2 * (2 * D * F) // 16 + 2 * D * F  # shards + one gathered weight
     assert four.memory["params"] == 4 * 2 * (2 * D * F) // 16 + 2 * D * F  # one gathered weight at a time
     assert four.memory["total"] > one.memory["total"]
     # DDP keeps whole weights on every chip: 400 layers of 2 x 512 MiB do not fit 96 GB
-    assert not estimate("ddp", Mesh(X=16), V5P, 16 * 1024, D, F, layers=400).fits
+    assert not estimate("ddp", Mesh(X=16), V5P, 16 * 1024, D, F, layers=400, efficiency="ideal").fits
 
 
 def test_best_split_is_the_fastest_split():
-    best = best_split(V5P, 64 * 512, D, F, chips=64)
+    best = best_split(V5P, 64 * 512, D, F, chips=64, efficiency="ideal")
     for y in (1, 2, 4, 16, 32):
-        other = estimate("fsdp_tp", Mesh(X=64 // y, Y=y), V5P, 64 * 512, D, F)
+        other = estimate("fsdp_tp", Mesh(X=64 // y, Y=y), V5P, 64 * 512, D, F, efficiency="ideal")
         assert best.step_s <= other.step_s
 
 
 def test_sweep_covers_every_scheme_and_batch():
-    rows = sweep(["ddp", "fsdp", "tp", "fsdp_tp"], "h100", [512, 4096], D, F, chips=16)
+    rows = sweep(["ddp", "fsdp", "tp", "fsdp_tp"], "h100", [512, 4096], D, F, chips=16, efficiency="ideal")
     assert [(e.scheme, e.per_chip_batch) for e in rows] == [
         (s, b) for s in ("ddp", "fsdp", "tp", "fsdp_tp") for b in (512.0, 4096.0)
     ]
@@ -91,8 +91,8 @@ def test_sweep_covers_every_scheme_and_batch():
 def test_fsdp_tp_critical_batch_on_a_fixed_mesh_matches_estimate():
     c = critical_batch("fsdp_tp", V5P, 40960, mesh=Mesh(X=256, Y=16))
     assert c.per_chip_batch == pytest.approx(2550 / 32)
-    below = estimate("fsdp_tp", Mesh(X=256, Y=16), V5P, 4096 * 78, D, 40960)
-    above = estimate("fsdp_tp", Mesh(X=256, Y=16), V5P, 4096 * 81, D, 40960)
+    below = estimate("fsdp_tp", Mesh(X=256, Y=16), V5P, 4096 * 78, D, 40960, efficiency="ideal")
+    above = estimate("fsdp_tp", Mesh(X=256, Y=16), V5P, 4096 * 81, D, 40960, efficiency="ideal")
     assert (below.bound, above.bound) == ("communication", "compute")
 
 

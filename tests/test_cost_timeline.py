@@ -17,7 +17,7 @@ AG_S = V_WEIGHT / 1.8e11  # one weight AllGather on a v5p ring with wraparound
 
 
 def fsdp4(per_chip: int, overlap: bool = True):
-    return estimate("fsdp", Mesh(X=16), "tpu-v5p", 16 * per_chip, D, F, layers=4, overlap=overlap)
+    return estimate("fsdp", Mesh(X=16), "tpu-v5p", 16 * per_chip, D, F, layers=4, overlap=overlap, efficiency="ideal")
 
 
 def test_fsdp_prefetch_hides_the_next_layers_weights():
@@ -76,7 +76,7 @@ def test_compute_waits_for_gathered_weights_through_transposes():
 
 
 def test_tp_layers_chain_through_their_activations():
-    est = estimate("tp", Mesh(Y=8), "tpu-v5p", 8 * 1024, D, F, layers=2)
+    est = estimate("tp", Mesh(Y=8), "tpu-v5p", 8 * 1024, D, F, layers=2, efficiency="ideal")
     bars = est.timeline.bars
     rs0 = next(b for b in bars if b.op == "reduce_scatter" and b.phase == "forward" and b.layer == 0)
     ag1 = next(b for b in bars if b.op == "all_gather" and b.phase == "forward" and b.layer == 1)
@@ -86,7 +86,7 @@ def test_tp_layers_chain_through_their_activations():
 
 
 def test_ddp_allreduces_run_behind_the_backward_pass():
-    est = estimate("ddp", Mesh(X=16), "tpu-v5p", 16 * 8192, D, F, layers=4)
+    est = estimate("ddp", Mesh(X=16), "tpu-v5p", 16 * 8192, D, F, layers=4, efficiency="ideal")
     ars = [b for b in est.timeline.bars if b.op == "all_reduce"]
     assert len(ars) == 8
     assert sum(b.exposed for b in ars[:-1]) == pytest.approx(0.0, abs=1e-12)
@@ -94,7 +94,7 @@ def test_ddp_allreduces_run_behind_the_backward_pass():
 
 
 def test_fsdp_tp_axes_overlap_each_other():
-    est = estimate("fsdp_tp", Mesh(X=8, Y=8), "tpu-v5p", 64 * 512, D, F, layers=2)
+    est = estimate("fsdp_tp", Mesh(X=8, Y=8), "tpu-v5p", 64 * 512, D, F, layers=2, efficiency="ideal")
     assert est.timeline.streams() == ["compute", "comm Y", "comm X"]
     x = [b for b in est.timeline.bars if b.stream == "comm X"]
     y = [b for b in est.timeline.bars if b.stream == "comm Y"]
@@ -140,8 +140,8 @@ def test_importing_the_cost_model_does_not_import_matplotlib():
 def test_schedule_follows_data_flow_not_statement_order(per_chip):
     # fsdp_tp with Y = 1 is FSDP with its statements in another order (the ReduceScatter of
     # dW_out is written before the AllGather of W_out): the same data flow, the same step
-    fsdp = estimate("fsdp", Mesh(X=16), "tpu-v5p", 16 * per_chip, D, F, layers=3)
-    mixed = estimate("fsdp_tp", Mesh(X=16, Y=1), "tpu-v5p", 16 * per_chip, D, F, layers=3)
+    fsdp = estimate("fsdp", Mesh(X=16), "tpu-v5p", 16 * per_chip, D, F, layers=3, efficiency="ideal")
+    mixed = estimate("fsdp_tp", Mesh(X=16, Y=1), "tpu-v5p", 16 * per_chip, D, F, layers=3, efficiency="ideal")
     assert mixed.step_s == pytest.approx(fsdp.step_s, rel=1e-12)
     assert mixed.comm_exposed_s == pytest.approx(fsdp.comm_exposed_s, rel=1e-12)
 
@@ -151,7 +151,7 @@ def test_pipeline_stages_get_their_own_compute_streams():
 
     if "pp" not in strategies.names():
         pytest.skip("no pipeline scheme registered")
-    est = estimate("pp", Mesh(Z=4), "tpu-v5p", 4 * 4096, D, F, layers=4)
+    est = estimate("pp", Mesh(Z=4), "tpu-v5p", 4 * 4096, D, F, layers=4, efficiency="ideal")
     streams = est.timeline.streams()
     assert [s for s in streams if s.startswith("compute")] == [f"compute Z{z}" for z in range(4)]
     everything = sum(b.seconds for b in est.timeline.bars if b.is_compute)

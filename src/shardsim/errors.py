@@ -77,6 +77,8 @@ class CheckpointError(ShardsimError, OSError):
 
 class ConfigError(ShardsimError, ValueError):
     """A model configuration field out of range, or model inputs that do not fit the configuration."""
+class CostModelError(ShardsimError, ValueError):
+    """Hardware, placement or efficiency figures the cost model cannot use as given."""
 
 
 class PlanError(ShardingError):
@@ -94,6 +96,7 @@ __all__ = [
     "ChipFailureError",
     "CollectiveError",
     "ConfigError",
+    "CostModelError",
     "DivisibilityError",
     "DtypeError",
     "LayoutParseError",

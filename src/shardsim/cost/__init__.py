@@ -1,6 +1,6 @@
 """The cost model: time a scheme's step on real hardware from its own shape-only program.
 
-Hardware presets (TPU v4p/v5e/v5p/v6e, NVIDIA H100/H200/B200) or your own
+Hardware presets (TPU v4p/v5e/v5p/v6e, NVIDIA A100/H100/H200/B200) or your own
 :class:`Hardware`; :func:`estimate` one step (time line, MFU, memory, what binds it);
 :func:`critical_batch` where a scheme turns compute-bound; :func:`sweep` many batches.
 Formulas and sources: ``docs/cost-model.md``. Importing this package does not import
@@ -24,10 +24,18 @@ from .cli import (
     cli_sweep,
 )
 from .collectives import CommTime, collective_time
-from .critical import Critical, axis_bandwidth, best_split, critical_batch, scheme_mesh
+from .critical import Critical, CriticalPair, axis_bandwidth, best_split, critical_batch, critical_both, scheme_mesh
+from .efficiency import (
+    Calibration,
+    CalibrationWarning,
+    CollectiveEfficiency,
+    Efficiency,
+    MatmulEfficiency,
+    resolve_efficiency,
+)
 from .estimate import Estimate, estimate, estimate_program, sweep
 from .hardware import Hardware, Switched, Torus
-from .placement import AxisLink, Placement, Route, place, split_rings
+from .placement import AxisLink, Placement, Route, default_topology, place, split_rings
 from .presets import get_hardware, hardware_names
 from .program import Program, Step, scheme_program, trace_steps
 from .roofline import Roofline, matmul_critical_batch, matmul_time
@@ -36,10 +44,16 @@ from .timeline import Bar, Timeline, build_timeline, timeline_of
 __all__ = [
     "AxisLink",
     "Bar",
+    "Calibration",
+    "CalibrationWarning",
+    "CollectiveEfficiency",
     "CommTime",
     "Critical",
+    "CriticalPair",
+    "Efficiency",
     "Estimate",
     "Hardware",
+    "MatmulEfficiency",
     "Placement",
     "Program",
     "Roofline",
@@ -59,6 +73,8 @@ __all__ = [
     "cli_sweep",
     "collective_time",
     "critical_batch",
+    "critical_both",
+    "default_topology",
     "estimate",
     "estimate_program",
     "get_hardware",
@@ -66,6 +82,7 @@ __all__ = [
     "matmul_critical_batch",
     "matmul_time",
     "place",
+    "resolve_efficiency",
     "scheme_mesh",
     "scheme_program",
     "split_rings",

@@ -43,6 +43,12 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--png", help="also save the time line as a PNG (needs shardsim[plot])")
     parser.add_argument("--breakdown", action="store_true", help="print the time of every collective")
     parser.add_argument("--critical", action="store_true", help="print the scheme's critical batch on this hardware")
+    parser.add_argument(
+        "--efficiency",
+        choices=("ideal", "calibrated"),
+        default="calibrated",
+        help="calibrated: measured matmul and collective rates (default); ideal: the book's peak rates",
+    )
 
 
 def cli_estimate(args: argparse.Namespace) -> int:
@@ -55,7 +61,10 @@ def cli_estimate(args: argparse.Namespace) -> int:
     else:
         mesh = scheme_mesh(args.scheme, args.chips)
     batch = args.batch if args.batch is not None else args.per_chip_batch * mesh.size
-    est = estimate(args.scheme, mesh, hw, batch, args.d_model, args.d_ff, args.layers, not args.no_overlap)
+    overlap = not args.no_overlap
+    est = estimate(
+        args.scheme, mesh, hw, batch, args.d_model, args.d_ff, args.layers, overlap, efficiency=args.efficiency
+    )
     print(est.summary())
     print(est.timeline.text(args.width))
     if args.breakdown:

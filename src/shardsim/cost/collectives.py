@@ -17,6 +17,14 @@ bandwidth W_i is that of all the group's chips inside it; AllToAll ``V (D-1) / (
 The time is ``max(latency, bandwidth)``: latency sums T_min over the hops of every level,
 bandwidth is the slowest level's term (levels work at once).
 
+A sub-ring of a torus axis (:mod:`~shardsim.cost.placement`) is a line of neighbours (the
+no-wraparound formula) or a ring of every s-th chip: its links carry s such rings at once,
+so its rate is the ring's divided by s, and each of its hops crosses s links.
+
+``efficiency`` (:mod:`~shardsim.cost.efficiency`): calibrated, each level's bandwidth term is
+divided by its network's measured fraction at this V, every ring keeps (N-1)/N (measured
+rings pay it), and the network's ``launch_s`` is added once.
+
 >>> from shardsim import Mesh
 >>> from shardsim.cost import collective_time, get_hardware, place
 >>> v5e = get_hardware("tpu-v5e")
@@ -31,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ShardsimError
+from .efficiency import IDEAL, Efficiency
 from .hardware import Torus
 from .placement import Level, Route
 
@@ -51,28 +60,35 @@ class CommTime:
         return "latency" if self.latency_s > self.bandwidth_s else "bandwidth"
 
 
-def collective_time(op: str, nbytes: float, route: Route, ring: str = "book") -> CommTime:
+def collective_time(
+    op: str, nbytes: float, route: Route, ring: str = "book", efficiency: Efficiency = IDEAL
+) -> CommTime:
     """Time of collective ``op`` moving an array of ``nbytes`` (V) along ``route``.
 
     ``ring="exact"`` keeps the (N-1)/N factor on bidirectional and switched rings;
-    ``"book"`` drops it there, as the book's headline formulas do.
+    ``"book"`` drops it there, as the book's headline formulas do. ``efficiency`` (a
+    resolved :class:`~shardsim.cost.efficiency.Efficiency`) applies measured curves.
     """
     if op not in OPS:
         raise ShardsimError(f"no time formula for {op!r}; known collectives are {list(OPS)}")
     if not route.levels or nbytes == 0:
         return CommTime(0.0, 0.0, 0.0)
-    if op == "all_reduce":  # ReduceScatter then AllGather
-        half = collective_time("all_gather", nbytes, route, ring)
-        return CommTime(2 * half.seconds, 2 * half.bandwidth_s, 2 * half.latency_s)
-    exact = ring == "exact"
-    bandwidth, latency = 0.0, 0.0
+    times = 2 if op == "all_reduce" else 1  # AllReduce = ReduceScatter then AllGather
+    op = "all_gather" if op == "all_reduce" else op
+    exact = ring == "exact" or efficiency.calibrated
+    bandwidth, latency, launch = 0.0, 0.0, 0.0
     for level in route.levels:
         if isinstance(level.net, Torus):
             b, t = _torus(op, nbytes, level, route.group_size, exact)
         else:
             b, t = _switched(op, nbytes, level, route.group_size, exact)
+        measured = efficiency.networks.get(level.name)
+        if measured is not None:
+            b /= measured.fraction(nbytes)
+            launch = max(launch, measured.launch_s)
         bandwidth = max(bandwidth, b)
         latency = t if op == "ppermute" else latency + t
+    bandwidth, latency = times * bandwidth, times * latency + launch
     return CommTime(max(bandwidth, latency), bandwidth, latency)
 
 
@@ -80,16 +96,20 @@ def _torus(op: str, v: float, level: Level, group: int, exact: bool) -> tuple[fl
     net = level.net
     assert isinstance(net, Torus)
     w = net.bandwidth  # one way, per link
+    # per ring: length, wraparound, hops between its chips, and how many flows share each link
+    # (s strided rings of one mesh axis, times the mesh axes on that hardware axis)
+    rings = [
+        (n, wrap, level.stride(k), level.stride(k) * level.share(k))
+        for k, (n, wrap) in enumerate(zip(level.rings, level.wraps))
+    ]
     if op == "ppermute":  # one hop to the neighbour, every chip at once
-        return v / w, net.latency
-    hops = sum(n / 2 if wrap else n - 1 for n, wrap in zip(level.rings, level.wraps))
+        return v * max((c for *_, c in rings), default=1) / w, net.latency * max((s for _, _, s, _ in rings), default=1)
+    hops = sum((n / 2 if wrap else n - 1) * s for n, wrap, s, _ in rings)
     if op in GATHER_LIKE:
-        rate = sum(_ring_rate(n, wrap, w, exact) for n, wrap in zip(level.rings, level.wraps))
+        rate = sum(_ring_rate(n, wrap, w, exact) / c for n, wrap, _, c in rings)
         return v / rate, net.latency * hops
     # all_to_all: links of different hardware axes work at once; the busiest sets the time
-    per_axis = [
-        v * n / (8 * group * w) if wrap else v * (n - 1) / (2 * group * w) for n, wrap in zip(level.rings, level.wraps)
-    ]
+    per_axis = [(v * n / (8 * group * w) if wrap else v * (n - 1) / (2 * group * w)) * c for n, wrap, _, c in rings]
     return max(per_axis), net.latency * hops
 
 

@@ -6,7 +6,11 @@ collectives take no longer than its matmuls (the book's test, phase by phase). B
 two integers that bracket it, the crossing is interpolated linearly, so a bandwidth-bound
 FSDP gives the book's ``C / W`` exactly. For ``fsdp_tp`` it also searches the split of the
 chips between X and Y and reports the best, beside the book's closed forms
-``X_opt = sqrt((B/F)(M_X/M_Y)N)`` and ``B/N > alpha^2 / (M_X M_Y F)``.
+``X_opt = sqrt((B/F)(M_X/M_Y)N)`` and ``B/N > alpha^2 / (M_X M_Y F)``. The splits include
+those where X and Y share a hardware axis (a sub-ring, :mod:`~shardsim.cost.placement`).
+
+``efficiency="ideal"`` (the default: the book's quantity) or ``"calibrated"`` (measured
+rates, :mod:`~shardsim.cost.efficiency`); :func:`critical_both` gives both side by side.
 
 >>> c = critical_batch("fsdp", "tpu-v5p")  # SB training.md: 2,550 tokens per chip on one axis
 >>> round(c.per_chip_batch, 1), c.mesh
@@ -16,17 +20,21 @@ chips between X and Y and reports the best, beside the book's closed forms
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ShardsimError
 from ..mesh import Mesh
 from .collectives import collective_time
+from .efficiency import Efficiency, resolve_efficiency
 from .estimate import Estimate, estimate, excess_terms
 from .hardware import Hardware
 from .placement import AxisLink, place
 from .presets import get_hardware
+
+Links = Mapping[str, str | AxisLink] | None
+Topology = str | Sequence[int] | None
 
 ROLE_AXES = {"ddp": ("X",), "fsdp": ("X",), "tp": ("Y",), "fsdp_tp": ("X", "Y")}
 
@@ -49,9 +57,12 @@ class Critical:
     bandwidth: dict[str, float]
     x_opt: float | None = None
     splits: dict[int, float] = field(default_factory=dict)
+    efficiency: str = "ideal"
+    placement: str = ""
 
     def __str__(self) -> str:
-        head = f"{self.scheme} on {self.mesh} ({self.hardware}): "
+        eff = "" if self.efficiency == "ideal" else f", {self.efficiency}"
+        head = f"{self.scheme} on {self.mesh} ({self.hardware}{eff}): "
         if math.isinf(self.per_chip_batch):
             text = head + "communication-bound at every batch"
         else:
@@ -71,31 +82,38 @@ def critical_batch(
     d_model: int = 8192,
     chips: int | None = None,
     mesh: Mesh | Mapping[str, int] | None = None,
-    links: Mapping[str, str | AxisLink] | None = None,
+    links: Links = None,
     dtype: str = "bfloat16",
     max_per_chip: int = 1 << 22,
+    topology: Topology = None,
+    efficiency: str | Efficiency = "ideal",
 ) -> Critical:
     """The per-chip batch above which ``scheme`` is compute-bound on ``hardware``.
 
-    ``d_ff`` defaults to ``4 * d_model``. Give ``mesh`` (and ``links``) for a fixed layout;
-    otherwise ``chips`` (default: one ring of 16 TPUs or one node of 8 GPUs for the 1-D
-    schemes; 16**dims TPUs or 256 GPUs for ``fsdp_tp``) laid out as the scheme needs, with the
-    best X x Y split for ``fsdp_tp``.
+    ``d_ff`` defaults to ``4 * d_model``. Give ``mesh`` (and ``links``, ``topology``) for a
+    fixed layout; otherwise ``chips`` (default: one ring of 16 TPUs or one node of 8 GPUs for
+    the 1-D schemes; 16**dims TPUs or 256 GPUs for ``fsdp_tp``) laid out as the scheme needs,
+    with the best X x Y split for ``fsdp_tp`` (sub-rings included).
+
+    >>> c = critical_batch("fsdp_tp", "tpu-v5p", d_ff=32768, chips=4096)  # 16x16x16
+    >>> c.mesh, c.placement, round(c.per_chip_batch)
+    (Mesh(X=1024, Y=4), 'X=1024: ici 4:4x16x16 / Y=4: ici 4', 300)
     """
     hw = get_hardware(hardware)
     f = 4 * d_model if d_ff is None else d_ff
+    where = (links, topology, efficiency)
     if mesh is not None:
         m = mesh if isinstance(mesh, Mesh) else Mesh(dict(mesh))
-        return _critical_on(scheme, hw, m, d_model, f, links, dtype, max_per_chip)
+        return _critical_on(scheme, hw, m, d_model, f, where, dtype, max_per_chip)
     n = chips or default_chips(hw, scheme)
     if scheme != "fsdp_tp":
-        return _critical_on(scheme, hw, scheme_mesh(scheme, n), d_model, f, links, dtype, max_per_chip)
+        return _critical_on(scheme, hw, scheme_mesh(scheme, n), d_model, f, where, dtype, max_per_chip)
     best: Critical | None = None
     splits: dict[int, float] = {}
     for y in _divisors(n):
         m = Mesh(X=n // y, Y=y)
         try:
-            c = _critical_on(scheme, hw, m, d_model, f, links, dtype, max_per_chip)
+            c = _critical_on(scheme, hw, m, d_model, f, where, dtype, max_per_chip)
         except ShardsimError:
             continue  # this split does not fit the hardware or does not divide the sizes
         splits[y] = c.per_chip_batch
@@ -105,6 +123,65 @@ def critical_batch(
         raise ShardsimError(f"no X x Y split of {n} chips fits {hw.name} with d_model={d_model}, d_ff={f}")
     best.splits = splits
     return best
+
+
+@dataclass
+class CriticalPair:
+    """A scheme's critical batch under the ideal and the calibrated model, side by side."""
+
+    ideal: Critical
+    calibrated: Critical
+
+    @property
+    def ratio(self) -> float:
+        """How much later (in tokens per chip) the scheme turns compute-bound once efficiency counts."""
+        return self.calibrated.per_chip_batch / self.ideal.per_chip_batch
+
+    def __str__(self) -> str:
+        return f"ideal: {self.ideal}\ncalibrated: {self.calibrated} ({self.ratio:.2f}x the ideal)"
+
+
+def critical_both(scheme: str, hardware: Hardware | str, d_ff: int | None = None, **options: Any) -> CriticalPair:
+    """:func:`critical_batch` under ``efficiency="ideal"`` and ``"calibrated"``; same options.
+
+    >>> pair = critical_both("fsdp", "h100", chips=8)  # one node: NVLink and matmuls both measured
+    >>> round(pair.ideal.per_chip_batch), round(pair.calibrated.per_chip_batch)
+    (2200, 2009)
+    """
+    options.pop("efficiency", None)
+    return CriticalPair(
+        critical_batch(scheme, hardware, d_ff, efficiency="ideal", **options),
+        critical_batch(scheme, hardware, d_ff, efficiency="calibrated", **options),
+    )
+
+
+# (scheme, hardware, d_ff, options) of the ideal-vs-calibrated table in docs/cost-model.md
+COMPARED: tuple[tuple[str, str, int | None, dict[str, Any]], ...] = (
+    ("fsdp", "tpu-v5p", None, {}),
+    ("fsdp", "tpu-v5p", None, {"chips": 4096}),
+    ("fsdp_tp", "tpu-v5p", 32768, {"chips": 4096}),
+    ("ddp", "h100", None, {"chips": 8}),
+    ("fsdp", "h100", None, {"chips": 256}),
+    ("tp", "h100", None, {"chips": 8}),
+    ("fsdp", "a100", None, {"chips": 256}),
+    ("tp", "a100", None, {"chips": 8}),
+)
+
+
+def critical_table(cases: Sequence[tuple[str, str, int | None, dict[str, Any]]] = COMPARED) -> str:
+    """Critical batches under both models as a Markdown table (``docs/cost-model.md`` shows it)."""
+    lines = [
+        "| scheme | chip | chips | placement (calibrated) | ideal | calibrated | ratio |",
+        "|---|---|---:|---|---:|---:|---:|",
+    ]
+    for scheme, hw, d_ff, options in cases:
+        pair = critical_both(scheme, hw, d_ff, **options)
+        c = pair.calibrated
+        lines.append(
+            f"| {scheme} | {hw} | {c.mesh.size:,} | {c.placement} | {pair.ideal.per_chip_batch:,.1f} "
+            f"| {c.per_chip_batch:,.1f} | {pair.ratio:.2f} |"
+        )
+    return "\n".join(lines)
 
 
 def default_chips(hw: Hardware, scheme: str) -> int:
@@ -137,17 +214,24 @@ def best_split(
     layers: int = 1,
     overlap: bool = True,
     dtype: str = "bfloat16",
+    links: Links = None,
+    topology: Topology = None,
+    efficiency: str | Efficiency = "calibrated",
+    pad: bool = False,
 ) -> Estimate:
     """The ``fsdp_tp`` estimate with the shortest step over the splits ``Mesh(X=chips/Y, Y=Y)``.
 
-    >>> best_split("tpu-v5p", 64 * 512, 8192, 32768, chips=64).mesh  # 512 tokens per chip
+    ``links``, ``topology``, ``efficiency`` and ``pad`` are :func:`~shardsim.cost.estimate`'s.
+
+    >>> best_split("tpu-v5p", 64 * 512, 8192, 32768, chips=64, efficiency="ideal").mesh  # 512 tokens per chip
     Mesh(X=8, Y=8)
     """
     hw = get_hardware(hardware)
+    opts: dict[str, Any] = {"links": links, "topology": topology, "efficiency": efficiency, "pad": pad}
     best: Estimate | None = None
     for y in _divisors(chips):
         try:
-            e = estimate("fsdp_tp", Mesh(X=chips // y, Y=y), hw, batch, d_model, d_ff, layers, overlap, dtype)
+            e = estimate("fsdp_tp", Mesh(X=chips // y, Y=y), hw, batch, d_model, d_ff, layers, overlap, dtype, **opts)
         except ShardsimError:
             continue
         if best is None or e.step_s < best.step_s:
@@ -157,13 +241,13 @@ def best_split(
     return best
 
 
-def axis_bandwidth(hw: Hardware, mesh: Mesh, axis: str, links: Mapping[str, str | AxisLink] | None = None) -> float:
+def axis_bandwidth(hw: Hardware, mesh: Mesh, axis: str, links: Links = None, topology: Topology = None) -> float:
     """Effective AllGather bandwidth of ``axis`` (bytes/s): V over the bandwidth term of its time.
 
     >>> axis_bandwidth(get_hardware("tpu-v5p"), Mesh(X=256), "X")  # two ICI axes: 2 x W_ici
     360000000000.0
     """
-    route = place(hw, mesh, links).route(axis)
+    route = place(hw, mesh, links, topology=topology).route(axis)
     volume = 1e12
     t = collective_time("all_gather", volume, route, hw.ring)
     return volume / t.bandwidth_s if t.bandwidth_s else math.inf
@@ -175,17 +259,25 @@ def _critical_on(
     mesh: Mesh,
     d_model: int,
     d_ff: int,
-    links: Mapping[str, str | AxisLink] | None,
+    where: tuple[Links, Topology, str | Efficiency],
     dtype: str,
     max_per_chip: int,
 ) -> Critical:
+    links, topology, efficiency = where
+    placement = place(hw, mesh, links, topology=topology)
+    eff = resolve_efficiency(hw, efficiency, placement.networks())
+
     def excess(b: int) -> dict[tuple[str, str], float]:
-        return excess_terms(estimate(scheme, mesh, hw, b * mesh.size, d_model, d_ff, dtype=dtype, links=links).phases)
+        est = estimate(
+            scheme, mesh, hw, b * mesh.size, d_model, d_ff, dtype=dtype, links=links, topology=topology, efficiency=eff
+        )
+        return excess_terms(est.phases)
 
     b = _crossing(excess, max_per_chip)
-    bw = {a: axis_bandwidth(hw, mesh, a, links) for a in mesh.axis_names}
+    bw = {a: axis_bandwidth(hw, mesh, a, links, topology) for a in mesh.axis_names}
     closed, x_opt = _closed_form(scheme, hw, mesh, bw, d_ff, dtype, b)
-    return Critical(scheme, hw.name, b, mesh, closed, bw, x_opt)
+    where_text = " / ".join(str(placement).splitlines())
+    return Critical(scheme, hw.name, b, mesh, closed, bw, x_opt, efficiency=eff.mode, placement=where_text)
 
 
 def _crossing(terms: Callable[[int], Mapping[Any, float]], limit: int) -> float:

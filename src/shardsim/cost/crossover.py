@@ -1,7 +1,8 @@
 """The crossover plot: MFU and step time per token against tokens per chip, for every scheme.
 
 One column per hardware; dashed lines (and the legend) mark each scheme's critical batch when given. Needs
-matplotlib (``pip install 'shardsim[plot]'``), imported only when drawing.
+matplotlib (``pip install 'shardsim[plot]'``), imported only when drawing. :func:`crossover_both`
+computes the plot's data under the ideal and the calibrated model, one column each.
 """
 
 from __future__ import annotations
@@ -10,14 +11,48 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from .estimate import Estimate
+from .critical import critical_batch
+from .estimate import Estimate, sweep
 from .gantt import _pyplot
+from .hardware import Hardware
+from .presets import get_hardware
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 SCHEME_COLORS = {"ddp": "#1f77b4", "fsdp": "#2ca02c", "tp": "#d62728", "fsdp_tp": "#9467bd"}
 SCHEME_NAMES = {"ddp": "DDP", "fsdp": "FSDP", "tp": "TP", "fsdp_tp": "FSDP+TP (best split)"}
+
+
+def crossover_both(
+    schemes: Sequence[str],
+    hardware: Hardware | str,
+    per_chip_batches: Sequence[int],
+    d_model: int,
+    d_ff: int,
+    *,
+    chips: int,
+    layers: int = 1,
+) -> tuple[dict[str, list[Estimate]], dict[str, dict[str, float]]]:
+    """Sweeps and critical batches under ``"ideal"`` and ``"calibrated"``, for :func:`crossover_png`.
+
+    Returns ``({"<hw> ideal": rows, "<hw> calibrated": rows}, {same keys: {scheme: tokens/chip}})``.
+
+    >>> rows, crit = crossover_both(["ddp"], "h100", [1024, 8192], 8192, 32768, chips=8)
+    >>> list(rows), {k: round(v["ddp"]) for k, v in crit.items()}
+    (['h100 ideal', 'h100 calibrated'], {'h100 ideal': 2200, 'h100 calibrated': 2009})
+    """
+    hw = get_hardware(hardware)
+    results: dict[str, list[Estimate]] = {}
+    critical: dict[str, dict[str, float]] = {}
+    for mode in ("ideal", "calibrated"):
+        key = f"{hw.name} {mode}"
+        results[key] = sweep(schemes, hw, per_chip_batches, d_model, d_ff, chips=chips, layers=layers, efficiency=mode)
+        critical[key] = {
+            s: critical_batch(s, hw, d_ff, d_model=d_model, chips=chips, efficiency=mode).per_chip_batch
+            for s in schemes
+        }
+    return results, critical
 
 
 def crossover_png(

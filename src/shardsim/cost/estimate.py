@@ -12,8 +12,14 @@ DP); otherwise it is ``"memory"``-bound if the matmuls' HBM traffic outlasts the
 (the single-chip roofline), else ``"compute"``-bound. :func:`~shardsim.cost.critical_batch`
 finds the batch where the first test flips.
 
+``efficiency="calibrated"`` (the default) times matmuls and collectives at the chip's
+measured rates (:mod:`~shardsim.cost.efficiency`), ``"ideal"`` at the book's; the summary
+says which. ``topology`` gives a TPU slice shape (several mesh axes may share a hardware
+axis, :func:`~shardsim.cost.place`); ``pad=True`` pads ``d_model``/``d_ff`` that do not
+divide the mesh up to a multiple of its chips, as FSDP pads its flat parameters.
+
 >>> from shardsim import Mesh
->>> est = estimate("fsdp", Mesh(X=16), "tpu-v5p", batch=16 * 4096, d_model=8192, d_ff=32768)
+>>> est = estimate("fsdp", Mesh(X=16), "tpu-v5p", batch=16 * 4096, d_model=8192, d_ff=32768, efficiency="ideal")
 >>> est.bound, round(est.mfu, 2), est.per_chip_batch
 ('compute', 0.91, 4096.0)
 """
@@ -21,10 +27,12 @@ finds the batch where the first test flips.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import DivisibilityError
 from ..mesh import Mesh
+from .efficiency import IDEAL, Efficiency, resolve_efficiency
 from .hardware import Hardware
 from .placement import AxisLink, place
 from .presets import get_hardware
@@ -39,7 +47,8 @@ class Estimate:
     ``comm_s`` sums every collective; ``comm_exposed_s`` is the part the step waits for,
     ``comm_hidden_s`` the part hidden under compute (or under other collectives).
     ``phases`` gives compute and comm seconds per phase; ``breakdown()`` the per-collective
-    or per-layer rows; ``timeline`` the bars (``.text()``, ``.plot()``).
+    or per-layer rows; ``timeline`` the bars (``.text()``, ``.plot()``). ``efficiency`` is
+    the mode it was timed in; ``padding`` maps a padded size to (given, padded).
     """
 
     scheme: str
@@ -53,6 +62,8 @@ class Estimate:
     timeline: Timeline
     memory: dict[str, int]
     phases: dict[str, dict[str, float]]
+    efficiency: Efficiency = IDEAL
+    padding: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def chips(self) -> int:
@@ -132,6 +143,11 @@ class Estimate:
                 f"(hidden {self.comm_hidden_s * ms:.4g}, exposed {self.comm_exposed_s * ms:.4g})",
                 f"MFU {self.mfu:.1%}, {self.bound}-bound; memory {mem:.3g} GB per chip of {cap:.3g} GB"
                 + ("" if self.fits else " (does not fit)"),
+                self.efficiency.describe(),
+                *(
+                    f"padded {k} {a} -> {b} (a multiple of the {self.chips} chips, as FSDP pads its parameters)"
+                    for k, (a, b) in self.padding.items()
+                ),
             ]
         )
 
@@ -154,6 +170,9 @@ def estimate(
     axes: Mapping[str, str] | None = None,
     activation: str = "identity",
     prefetch: int = 1,
+    topology: str | Sequence[int] | None = None,
+    efficiency: str | Efficiency = "calibrated",
+    pad: bool = False,
 ) -> Estimate:
     """Estimate one forward+backward step of ``scheme`` with a global batch of ``batch`` tokens.
 
@@ -161,15 +180,35 @@ def estimate(
     :class:`Hardware` or a preset name; ``links`` maps mesh axes to networks (see
     :func:`~shardsim.cost.place`); ``axes`` maps the scheme's roles to mesh axes;
     ``prefetch`` is how many matmuls ahead of its reader a collective may start
-    (:mod:`~shardsim.cost.schedule`).
+    (:mod:`~shardsim.cost.schedule`); ``topology``, ``efficiency`` and ``pad`` as the module
+    doc says.
     """
     hw = get_hardware(hardware)
     m = mesh if isinstance(mesh, Mesh) else Mesh(dict(mesh))
-    place(hw, m, links)  # fail early, before tracing, on a layout the hardware cannot hold
-    program = scheme_program(
-        scheme, m, batch, d_model, d_ff, layers=layers, dtype=dtype, activation=activation, axes=axes
-    )
-    return estimate_program(
+    place(hw, m, links, topology=topology)  # fail early, before tracing, on a layout the hardware cannot hold
+    sizes = {"d_model": d_model, "d_ff": d_ff}
+    try:
+        program = scheme_program(
+            scheme, m, batch, d_model, d_ff, layers=layers, dtype=dtype, activation=activation, axes=axes
+        )
+        padding: dict[str, tuple[int, int]] = {}
+    except DivisibilityError as err:
+        if not pad:
+            raise DivisibilityError(f"{err} Or pass pad=True to pad d_model and d_ff as FSDP does.") from None
+        padded = {k: -(-v // m.size) * m.size for k, v in sizes.items()}
+        program = scheme_program(
+            scheme,
+            m,
+            batch,
+            padded["d_model"],
+            padded["d_ff"],
+            layers=layers,
+            dtype=dtype,
+            activation=activation,
+            axes=axes,
+        )
+        padding = {k: (sizes[k], padded[k]) for k in sizes if padded[k] != sizes[k]}
+    est = estimate_program(
         program,
         hw,
         placement_links=links,
@@ -179,7 +218,11 @@ def estimate(
         d_model=d_model,
         d_ff=d_ff,
         dtype=dtype,
+        topology=topology,
+        efficiency=efficiency,
     )
+    est.padding = padding
+    return est
 
 
 def estimate_program(
@@ -193,6 +236,8 @@ def estimate_program(
     d_model: int,
     d_ff: int,
     dtype: str = "bfloat16",
+    topology: str | Sequence[int] | None = None,
+    efficiency: str | Efficiency = "calibrated",
 ) -> Estimate:
     """An :class:`Estimate` from a program already traced (used by sweeps and critical_batch).
 
@@ -201,10 +246,13 @@ def estimate_program(
     >>> estimate_program(prog, get_hardware("h100"), batch=8 * 4096, d_model=8192, d_ff=32768).bound
     'compute'
     """
-    placement = place(hardware, program.mesh, placement_links)
+    placement = place(hardware, program.mesh, placement_links, topology=topology)
+    eff = resolve_efficiency(hardware, efficiency, placement.networks())
     layers = f"{program.layers} layer{'s' if program.layers > 1 else ''}"
     title = f"{program.scheme}, {layers} on {program.mesh}, {hardware.name}"
-    tl = build_timeline(program.steps, hardware, placement, overlap=overlap, prefetch=prefetch, title=title)
+    tl = build_timeline(
+        program.steps, hardware, placement, overlap=overlap, prefetch=prefetch, title=title, efficiency=eff
+    )
     return Estimate(
         scheme=program.scheme,
         hardware=hardware,
@@ -217,6 +265,7 @@ def estimate_program(
         timeline=tl,
         memory=program.memory,
         phases=tl.phase_totals(),
+        efficiency=eff,
     )
 
 
@@ -257,13 +306,15 @@ def sweep(
     layers: int = 1,
     overlap: bool = True,
     dtype: str = "bfloat16",
+    topology: str | Sequence[int] | None = None,
+    efficiency: str | Efficiency = "calibrated",
 ) -> list[Estimate]:
     """Estimates for every scheme at every per-chip batch on ``chips`` chips.
 
     ``ddp``/``fsdp`` run on ``Mesh(X=chips)``, ``tp`` on ``Mesh(Y=chips)``, ``fsdp_tp`` on the
     split ``Mesh(X=chips/Y, Y=Y)`` with the shortest step (:func:`~shardsim.cost.best_split`).
 
-    >>> rows = sweep(["ddp", "tp"], "h100", [1024, 4096], 8192, 32768, chips=8)
+    >>> rows = sweep(["ddp", "tp"], "h100", [1024, 4096], 8192, 32768, chips=8, efficiency="ideal")
     >>> [(e.scheme, e.per_chip_batch, e.bound) for e in rows]  # doctest: +NORMALIZE_WHITESPACE
     [('ddp', 1024.0, 'communication'), ('ddp', 4096.0, 'compute'),
      ('tp', 1024.0, 'compute'), ('tp', 4096.0, 'compute')]
@@ -271,14 +322,14 @@ def sweep(
     from .critical import best_split, scheme_mesh
 
     hw = get_hardware(hardware)
+    opts: dict[str, Any] = {"layers": layers, "overlap": overlap, "dtype": dtype, "topology": topology}
+    eff = efficiency
     out = []
     for scheme in schemes:
         for b in per_chip_batches:
             if scheme == "fsdp_tp":
-                out.append(
-                    best_split(hw, b * chips, d_model, d_ff, chips=chips, layers=layers, overlap=overlap, dtype=dtype)
-                )
+                out.append(best_split(hw, b * chips, d_model, d_ff, chips=chips, efficiency=eff, **opts))
             else:
                 mesh = scheme_mesh(scheme, chips)
-                out.append(estimate(scheme, mesh, hw, b * chips, d_model, d_ff, layers, overlap, dtype))
+                out.append(estimate(scheme, mesh, hw, b * chips, d_model, d_ff, efficiency=eff, **opts))
     return out

@@ -6,7 +6,7 @@ while the compute stream is busy (hidden) and ``#`` while it waits (exposed).
 
 >>> from shardsim import Mesh
 >>> from shardsim.cost import estimate
->>> est = estimate("fsdp", Mesh(X=16), "tpu-v5p", batch=16 * 2048, d_model=8192, d_ff=32768, layers=2)
+>>> est = estimate("fsdp", Mesh(X=16), "tpu-v5p", 16 * 2048, 8192, 32768, layers=2, efficiency="ideal")
 >>> print(est.timeline.text(width=60))  # doctest: +NORMALIZE_WHITESPACE
 fsdp, 2 layers on Mesh(X=16), tpu-v5p: step 38.2 ms
 compute 28.7 ms, comm 35.8 ms: hidden 26.3, exposed 9.44

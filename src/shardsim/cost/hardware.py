@@ -5,8 +5,9 @@ A :class:`Hardware` names its networks, innermost first: a TPU has its ICI torus
 a node and the scale-out network across nodes (both :class:`Switched`). Which mesh axis runs
 over which network is the placement (:mod:`shardsim.cost.placement`).
 
-Every preset number comes from the scaling book ("How to Scale Your Model"), as
-``docs/cost-model.md`` lists with its section and table.
+Every preset peak comes from the scaling book ("How to Scale Your Model") or, for the A100,
+from PTD-P, and every measured efficiency (``calibration``) from a published measurement:
+``docs/cost-model.md`` lists each with its source.
 
 >>> from shardsim.cost import get_hardware
 >>> v5p = get_hardware("tpu-v5p")
@@ -18,12 +19,14 @@ Every preset number comes from the scaling book ("How to Scale Your Model"), as
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ..dtypes import resolve_dtype
-from ..errors import ShardsimError
+from ..errors import CostModelError, ShardsimError
+from .efficiency import Calibration
 
 RING_MODES = ("book", "exact")
 WRAP_RULES = ("full", "cube", "always", "never")
@@ -35,12 +38,17 @@ class Torus:
 
     ``bandwidth`` is one link's **one-way** bytes/s (the book's unidirectional figure);
     :attr:`bidirectional` is W_ici = 2 x that. ``latency`` is the per-hop T_min.
-    ``dims`` hardware axes of at most ``max_ring`` chips each. ``wrap`` says which rings have
+    ``dims`` hardware axes; the default placement cuts a mesh axis into rings of at most
+    ``max_ring`` chips. ``wrap`` says which rings have
     wraparound links: ``"full"`` only a ring of exactly ``max_ring`` chips (v5e, v6e),
     ``"cube"`` any ring whose length is a multiple of 4 (v4p, v5p), ``"always"``, ``"never"``.
+    ``pod`` is the shape of the largest slice (SB tpus.md: 16x20x28 for v5p): no hardware
+    axis of a placement may be longer than the pod's, nor the slice hold more chips.
 
     >>> Torus(bandwidth=4.5e10).bidirectional
     90000000000.0
+    >>> Torus(bandwidth=9e10, pod=(16, 20, 28)).chips
+    8960
     """
 
     bandwidth: float
@@ -48,11 +56,19 @@ class Torus:
     dims: int = 3
     max_ring: int = 16
     wrap: str = "cube"
+    pod: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.wrap not in WRAP_RULES:
             raise ShardsimError(f"Torus wrap rule must be one of {WRAP_RULES}, got {self.wrap!r}")
         _positive(bandwidth=self.bandwidth, max_ring=self.max_ring, dims=self.dims)
+        if self.pod is not None and (len(self.pod) != self.dims or not all(n >= 1 for n in self.pod)):
+            raise CostModelError(f"Torus pod {self.pod} must give {self.dims} axis lengths of at least 1")
+
+    @property
+    def chips(self) -> int | None:
+        """Chips in the largest slice (None: no pod limit)."""
+        return None if self.pod is None else int(math.prod(self.pod))
 
     @property
     def kind(self) -> str:
@@ -118,6 +134,8 @@ class Hardware:
     rings with wraparound and on switched networks: ``"book"`` keeps the scaling book's
     headline form V / W (the large-ring limit), ``"exact"`` keeps the factor (N-1)/N.
     Rings without wraparound always pay (N-1)/N: that is the book's own formula for them.
+    ``calibration`` holds the measured efficiencies (:mod:`~shardsim.cost.efficiency`) that
+    ``efficiency="calibrated"`` uses; None: the chip has none.
 
     >>> hw = Hardware("toy", {"bfloat16": 1e12}, 1e11, 8e9, {"ici": Torus(bandwidth=1e9)})
     >>> hw.critical_intensity()
@@ -133,6 +151,7 @@ class Hardware:
     host_bandwidth: float | None = None
     kind: Literal["tpu", "gpu", "custom"] = "custom"
     notes: Mapping[str, str] = field(default_factory=dict)
+    calibration: Calibration | None = None
 
     def __post_init__(self) -> None:
         if "bfloat16" not in self.flops_by_dtype:

@@ -1,23 +1,64 @@
-"""Hardware presets: TPU v4p, v5e, v5p, v6e and NVIDIA H100, H200, B200.
+"""Hardware presets: TPU v4p, v5e, v5p, v6e and NVIDIA A100, H100, H200, B200.
 
-Every number is the scaling book's (SB), section by section as ``docs/cost-model.md`` cites:
-TPU chips from ``tpus.md`` (table of chip specs) and ``roofline.md``; GPUs from ``gpus.md``
-(GPU specs table, NVLink and the DGX SuperPod network). Where the book disagrees with itself
-the preset keeps one value and says so in ``notes``.
+Every peak number is the scaling book's (SB), section by section as ``docs/cost-model.md``
+cites: TPU chips from ``tpus.md`` (table of chip specs, pod shapes) and ``roofline.md``;
+GPUs from ``gpus.md`` (GPU specs table, NVLink and the DGX SuperPod network); the A100 as
+PTD-P ran it (312 TFLOP/s, NVLink 3, 8 x 200 Gb/s HDR InfiniBand per node). Where the book
+disagrees with itself the preset keeps one value and says so in ``notes``.
+
+The measured efficiencies (``calibration``, :mod:`~shardsim.cost.efficiency`) come from the
+sources ``docs/cost-model.md`` lists: the maximum achievable matmul FLOP/s table, the book's
+NCCL and ICI measurements, nccl-tests results.
 
 >>> from shardsim.cost import get_hardware, hardware_names
 >>> hardware_names()
-['tpu-v4p', 'tpu-v5e', 'tpu-v5p', 'tpu-v6e', 'h100', 'h200', 'b200']
+['tpu-v4p', 'tpu-v5e', 'tpu-v5p', 'tpu-v6e', 'a100', 'h100', 'h200', 'b200']
 >>> get_hardware("v5e").networks["ici"].bandwidth  # one-way bytes/s per ICI link
 45000000000.0
+>>> get_hardware("v5p").networks["ici"].pod  # SB tpus.md: the largest v5p slice
+(16, 20, 28)
 """
 
 from __future__ import annotations
 
 from ..errors import ShardsimError
+from .efficiency import Calibration, CollectiveEfficiency, MatmulEfficiency
 from .hardware import Hardware, Switched, Torus
 
 T_MIN = 1e-6  # SB sharding.md: per-hop ICI latency "typically around 1us"
+
+# --- measured efficiencies (docs/cost-model.md, "Efficiency", lists each source) ---
+# Maximum achievable matmul FLOP/s (stas00/ml-engineering, compute/accelerator "MAMF"
+# table): best bf16 / fp8 matmul over many shapes against the dense peak.
+MAMF = "ml-engineering MAMF table (bf16 / fp8 matmul, best over shapes)"
+# The bend of the curve: H100 bf16 square matmuls, 2048^3 at 676.59 TFLOP/s (intensity
+# 2048/3) against the plateau 794.5 (torch-performance-test-data issue #79), so
+# I_half = (2048/3) (794.5 / 676.59 - 1) = 119 FLOPs per byte; other GPUs borrow it.
+HALF_INTENSITY = 119.0
+# 8 x H100 AllReduce bus bandwidth in a node (SB gpus.md): about 370 GB/s at about 10 GB and
+# 150 GB/s at 58 MB; busbw = a V / (V + h) through both points: a = 373.2 GB/s, h = 86.3 MB.
+NVLINK_H100 = CollectiveEfficiency(
+    373.2e9 / 450e9, half_bytes=86.3e6, source="SB gpus.md: 8xH100 AllReduce busbw 370 GB/s at ~10 GB, 150 at 58 MB"
+)
+HOPPER = {"nvlink": NVLINK_H100}
+# 8 x A100 nccl-tests all_reduce: 235 GB/s busbw of 300 GB/s one way (ml-engineering,
+# network/README); the ramp's half size is the H100 one.
+NVLINK_A100 = CollectiveEfficiency(
+    235e9 / 300e9, half_bytes=86.3e6, source="ml-engineering network/README: nccl-tests all_reduce 235 GB/s on A100"
+)
+# Scale-out: NCCL busbw per NIC at 8 GB, from NCCL's maintainers: "24GB/s inter-node" per
+# 200 Gb/s HDR NIC (NVIDIA/nccl issue 412), "46-48GB/s per NIC" for 400 Gb/s NDR (nccl-tests
+# issue 290). No measured ramp: the half size is the NVLink one.
+SCALEOUT_HDR = CollectiveEfficiency(
+    24 / 25, half_bytes=86.3e6, source="NVIDIA/nccl issue 412: busbw about 24 GB/s per HDR NIC at 8 GB"
+)
+SCALEOUT_NDR = CollectiveEfficiency(
+    47 / 50, half_bytes=86.3e6, source="nccl-tests issue 290: 46-48 GB/s per NDR NIC"
+)
+# TPU v5e ICI AllGather: about 95% of the bandwidth at about 10 MB (SB sharding.md, 2025-10
+# text), so V / (V + h) = 0.95 at 10 MB: h = 526 kB. The book's two pop-quiz profiles are
+# left as checks (cost.measured).
+ICI = CollectiveEfficiency(1.0, half_bytes=10e6 * (1 / 0.95 - 1), source="SB sharding.md: v5e AllGather at ~10 MB")
 
 
 def _tpu(
@@ -31,6 +72,7 @@ def _tpu(
     wrap: str,
     dcn: float,
     pcie: float,
+    pod: tuple[int, ...],
     notes: dict[str, str] | None = None,
 ) -> Hardware:
     return Hardware(
@@ -39,28 +81,35 @@ def _tpu(
         hbm_bandwidth=hbm_bw,
         hbm_capacity=hbm_gb * 1e9,
         networks={
-            "ici": Torus(bandwidth=ici_one_way, latency=T_MIN, dims=dims, max_ring=16, wrap=wrap),
+            "ici": Torus(bandwidth=ici_one_way, latency=T_MIN, dims=dims, max_ring=16, wrap=wrap, pod=pod),
             "dcn": Switched(bandwidth=dcn, latency=T_MIN),
         },
         host_bandwidth=pcie,
         kind="tpu",
-        notes=notes or {},
+        notes={"calibration": "ICI curve measured on v5e (SB); no measured matmul or DCN curve", **(notes or {})},
+        calibration=Calibration(networks={"ici": ICI}),
     )
 
 
 def _gpu(
     name: str,
     bf16: float,
-    fp8: float,
+    fp8: float | None,
     hbm_gb: float,
     hbm_bw: float,
     nvlink: float,
     node_egress: float,
     notes: dict[str, str] | None = None,
+    *,
+    int8: float | None = None,
+    calibration: Calibration | None = None,
 ) -> Hardware:
+    flops = {"bfloat16": bf16, "float16": bf16, "int8": int8 or fp8 or bf16}
+    if fp8 is not None:
+        flops.update({"float8_e4m3fn": fp8, "float8_e5m2": fp8})
     return Hardware(
         name=name,
-        flops_by_dtype={"bfloat16": bf16, "float16": bf16, "float8_e4m3fn": fp8, "float8_e5m2": fp8, "int8": fp8},
+        flops_by_dtype=flops,
         hbm_bandwidth=hbm_bw,
         hbm_capacity=hbm_gb * 1e9,
         networks={
@@ -69,14 +118,21 @@ def _gpu(
         },
         kind="gpu",
         notes=notes or {},
+        calibration=calibration,
     )
+
+
+def _mamf(bf16: float, fp8: float | None = None) -> MatmulEfficiency:
+    """A matmul curve from the MAMF fractions (bf16, fp8) and the borrowed bend."""
+    by_dtype = {} if fp8 is None else {"float8_e4m3fn": fp8, "float8_e5m2": fp8}
+    return MatmulEfficiency(bf16, HALF_INTENSITY, by_dtype, MAMF)
 
 
 _PRESETS: dict[str, Hardware] = {
     h.name: h
     for h in (
         # SB tpus.md chip table: bf16, int8, HBM, HBM BW, ICI one-way per link; DCN/PCIe per chip
-        _tpu("tpu-v4p", 2.75e14, 2.75e14, 32, 1.2e12, 4.5e10, 3, "cube", 6.25e9, 1.6e10),
+        _tpu("tpu-v4p", 2.75e14, 2.75e14, 32, 1.2e12, 4.5e10, 3, "cube", 6.25e9, 1.6e10, (16, 16, 16)),
         _tpu(
             "tpu-v5e",
             1.97e14,
@@ -88,6 +144,7 @@ _PRESETS: dict[str, Hardware] = {
             "full",
             3.125e9,
             1.6e10,
+            (16, 16),
             {"hbm_bandwidth": "tpus.md table 8.1e11; roofline.md uses 8.2e11 (intensity 240)"},
         ),
         _tpu(
@@ -101,6 +158,7 @@ _PRESETS: dict[str, Hardware] = {
             "cube",
             6.25e9,
             1.6e10,
+            (16, 20, 28),
             {"hbm_bandwidth": "tpus.md table 2.8e12; the prose says 2.5e12"},
         ),
         _tpu(
@@ -114,7 +172,22 @@ _PRESETS: dict[str, Hardware] = {
             "full",
             12.5e9,
             3.2e10,
+            (16, 16),
             {"flops": "tpus.md table 9.2e14; roofline.md uses 9.1e14"},
+        ),
+        # A100 80GB as PTD-P ran it: 312 TFLOP/s bf16, NVLink 3 "600 GB/s" = 300 GB/s one way
+        # (SB gpus.md: Ampere 12 links, 300 GB/s), DGX A100 node 8 x 200 Gb/s HDR = 200 GB/s
+        _gpu(
+            "a100",
+            3.12e14,
+            None,
+            80,
+            2.0e12,
+            3e11,
+            2e11,
+            {"hbm_bandwidth": "SB gpus.md table 2.0e12", "flops": "312 TFLOP/s (PTD-P; SB table rounds to 3.1e14)"},
+            int8=6.24e14,
+            calibration=Calibration(_mamf(271.2 / 312), {"nvlink": NVLINK_A100, "scaleout": SCALEOUT_HDR}),
         ),
         # SB gpus.md: GPU table, NVLink egress per GPU (one way), DGX node egress 8 x 400 Gbps
         _gpu(
@@ -126,6 +199,7 @@ _PRESETS: dict[str, Hardware] = {
             4.5e11,
             4e11,
             {"hbm_bandwidth": "gpus.md prose 3.35 TB/s (table 3.4e12); used for the book's intensity 295"},
+            calibration=Calibration(_mamf(794.5 / 989, 1402.6 / 1979), {**HOPPER, "scaleout": SCALEOUT_NDR}),
         ),
         _gpu(
             "h200",
@@ -135,7 +209,11 @@ _PRESETS: dict[str, Hardware] = {
             4.8e12,
             4.5e11,
             4e11,
-            {"networks": "Hopper NVLink 4.0 as H100; DGX scale-out assumed as H100 (the book lists H100/B200)"},
+            {
+                "networks": "Hopper NVLink 4.0 as H100; DGX scale-out assumed as H100 (the book lists H100/B200)",
+                "calibration": "bf16 matmul as H100 (MAMF: 'H200 is the same'); NVLink and NDR curves of the H100",
+            },
+            calibration=Calibration(_mamf(794.5 / 989, 1453.4 / 1979), {**HOPPER, "scaleout": SCALEOUT_NDR}),
         ),
         _gpu(
             "b200",
@@ -145,7 +223,11 @@ _PRESETS: dict[str, Hardware] = {
             8e12,
             9e11,
             4e11,
-            {"flops": "gpus.md prose 2250e12 (table 2.3e15); HBM 8e12 (prose '9TB/s')"},
+            {
+                "flops": "gpus.md prose 2250e12 (table 2.3e15); HBM 8e12 (prose '9TB/s')",
+                "calibration": "MAMF matmul only; no measured NVLink 5 or scale-out curve",
+            },
+            calibration=Calibration(_mamf(1745.0 / 2250, 3432.5 / 4500)),
         ),
     )
 }

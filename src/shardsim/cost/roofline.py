@@ -1,7 +1,9 @@
 """Roofline: a matmul takes the longer of its FLOPs time and its HBM time (SB ``roofline.md``).
 
 ``T = max(flops / C, hbm_bytes / W_hbm)``; the arithmetic intensity ``flops / hbm_bytes``
-against the chip's critical intensity ``C / W_hbm`` says which one binds.
+against the chip's critical intensity ``C / W_hbm`` says which one binds. Calibrated
+(:mod:`~shardsim.cost.efficiency`), C is the achieved rate at this intensity: small and
+skinny matmuls reach less of the peak than large ones.
 
 >>> from shardsim.cost import get_hardware, matmul_time
 >>> v5e = get_hardware("tpu-v5e")
@@ -16,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .efficiency import IDEAL, Efficiency
 from .hardware import Hardware
 
 
@@ -34,11 +37,20 @@ class Roofline:
         return "memory" if self.memory_s > self.flops_s else "compute"
 
 
-def matmul_time(flops: float, hbm_bytes: float, hardware: Hardware, dtype: Any = "bfloat16") -> Roofline:
-    """Roofline time of a matmul doing ``flops`` and moving ``hbm_bytes`` through HBM."""
-    flops_s = flops / hardware.flops(dtype)
-    memory_s = hbm_bytes / hardware.hbm_bandwidth
+def matmul_time(
+    flops: float, hbm_bytes: float, hardware: Hardware, dtype: Any = "bfloat16", efficiency: Efficiency = IDEAL
+) -> Roofline:
+    """Roofline time of a matmul doing ``flops`` and moving ``hbm_bytes`` through HBM.
+
+    >>> from shardsim.cost import get_hardware, resolve_efficiency
+    >>> h100 = get_hardware("h100")
+    >>> big = matmul_time(2 * 8192**3, 6 * 8192**2, h100, efficiency=resolve_efficiency(h100, "calibrated", []))
+    >>> round(2 * 8192**3 / big.seconds / 1e12)  # achieved TFLOP/s of an 8192^3 bf16 matmul
+    762
+    """
     intensity = flops / hbm_bytes if hbm_bytes else float("inf")
+    flops_s = flops / (hardware.flops(dtype) * efficiency.matmul_fraction(intensity, dtype)) if flops else 0.0
+    memory_s = hbm_bytes / hardware.hbm_bandwidth
     return Roofline(max(flops_s, memory_s), flops_s, memory_s, intensity)
 
 

@@ -6,6 +6,8 @@ every chip's. Matmuls take their roofline time, collectives the book's formulas,
 its input exists and the matmul ``prefetch`` ops before its reader has started, on the links
 of its mesh axes (collectives over different axes use different links and may run at once,
 as the book assumes for FSDP+TP). ``overlap=False`` runs everything one after the other.
+``efficiency`` (:mod:`~shardsim.cost.efficiency`) times matmuls and collectives at the
+book's ideal rates or at the chip's measured ones.
 
 ``comm_exposed_s`` is the time the compute stream waits; ``comm_hidden_s = comm_s -
 comm_exposed_s`` is the communication the step does not pay for, so turning overlap off
@@ -35,6 +37,7 @@ from ..mesh import Mesh
 from ..trace_events import TraceSlice, slice_name, write_chrome_trace
 from ..tracing import COLLECTIVES, Event, Trace
 from .collectives import collective_time
+from .efficiency import IDEAL, Efficiency, resolve_efficiency
 from .hardware import Hardware
 from .placement import AxisLink, Placement, place
 from .presets import get_hardware
@@ -196,6 +199,7 @@ def build_timeline(
     overlap: bool = True,
     prefetch: int = 1,
     title: str = "",
+    efficiency: Efficiency = IDEAL,
 ) -> Timeline:
     """Cost every step on ``hardware`` and schedule them (:func:`~shardsim.cost.schedule.schedule`)."""
     groups = sorted({st.event.where for st in steps if st.event.where})
@@ -206,7 +210,7 @@ def build_timeline(
         e = st.event
         key = (e.op, e.axes, e.flops, e.hbm_bytes, e.array_bytes, e.received_bytes, e.dtype, e.where)
         if key not in costs:
-            costs[key] = _cost(e, hardware, placement, groups)
+            costs[key] = _cost(e, hardware, placement, groups, efficiency)
         cost = costs[key]
         per_step.append(cost)
         slots.append(Slot(None, (), 0.0) if cost is None else Slot(cost.stream, cost.links, cost.seconds))
@@ -233,8 +237,13 @@ def timeline_of(
     *,
     overlap: bool = True,
     links: Mapping[str, str | AxisLink] | None = None,
+    topology: str | Sequence[int] | None = None,
+    efficiency: str | Efficiency = "ideal",
 ) -> Timeline:
     """The time line of a trace you recorded yourself (``with shardsim.trace() as t: ...``).
+
+    ``links`` and ``topology`` place the mesh (:func:`~shardsim.cost.place`); ``efficiency``
+    is ``"ideal"`` (the book's rates, the default here) or ``"calibrated"``.
 
     >>> import shardsim
     >>> mesh = shardsim.Mesh(X=4)
@@ -245,7 +254,9 @@ def timeline_of(
     746
     """
     hw = get_hardware(hardware)
-    return build_timeline(trace_steps(trace), hw, place(hw, mesh, links), overlap=overlap)
+    placement = place(hw, mesh, links, topology=topology)
+    eff = resolve_efficiency(hw, efficiency, placement.networks())
+    return build_timeline(trace_steps(trace), hw, placement, overlap=overlap, efficiency=eff)
 
 
 @dataclass(frozen=True)
@@ -259,7 +270,9 @@ class _Cost:
     memory_s: float = 0.0
 
 
-def _cost(e: Event, hardware: Hardware, placement: Placement, groups: Sequence[str] = ()) -> _Cost | None:
+def _cost(
+    e: Event, hardware: Hardware, placement: Placement, groups: Sequence[str] = (), efficiency: Efficiency = IDEAL
+) -> _Cost | None:
     """Where event ``e`` runs and for how long; None for a local op that costs nothing.
 
     ``groups`` are the sets of chips some events run on alone (``Event.where``, e.g. the
@@ -273,10 +286,10 @@ def _cost(e: Event, hardware: Hardware, placement: Placement, groups: Sequence[s
         return tuple(f"{name} {g}" for g in on) or (name,)
 
     if e.op == "matmul" or e.flops:
-        r = matmul_time(e.flops, e.hbm_bytes, hardware, e.dtype or "bfloat16")
+        r = matmul_time(e.flops, e.hbm_bytes, hardware, e.dtype or "bfloat16", efficiency)
         return _Cost("compute" + suffix, links("compute"), r.seconds, r.bound, r.intensity, r.flops_s, r.memory_s)
     if e.op in COLLECTIVES and e.axes:
-        t = collective_time(e.op, _volume(e), placement.route(e.axes), hardware.ring)
+        t = collective_time(e.op, _volume(e), placement.route(e.axes), hardware.ring, efficiency)
         axes_links = tuple(link for a in e.axes for link in links(f"comm {a}"))
         return _Cost("comm " + ",".join(e.axes) + suffix, axes_links, t.seconds, t.limit)
     if e.op == "host_transfer" and hardware.host_bandwidth:

@@ -1,0 +1,202 @@
+"""Efficiency: how far below peak real matmuls and collectives run, as others measured it.
+
+Two modes. ``"ideal"`` is the scaling book's model: every matmul at peak FLOP/s (or HBM
+bandwidth, whichever binds), every collective at full link bandwidth at any size; the
+book's formulas and closed forms use it. ``"calibrated"`` applies each hardware preset's
+measured curves (constants and sources in ``docs/cost-model.md``):
+
+- **matmul**: achieved FLOP/s = peak x ``peak_fraction`` x I / (I + ``half_intensity``),
+  I the matmul's arithmetic intensity (FLOPs per HBM byte, about the smallest dimension of a
+  skinny matmul). Large matmuls reach ``peak_fraction`` (the maximum achievable matmul FLOP/s,
+  MAMF); small and skinny ones less.
+- **collective**: the bandwidth term of each network a collective crosses is divided by
+  ``peak_fraction`` x V / (V + ``half_bytes``): the achieved bus bandwidth of a ring climbs
+  with the message size V to a plateau below the link rate (nccl-tests' busbw). Rings pay
+  (N-1)/N, as measured rings do, and ``launch_s`` is added once per collective.
+
+A chip whose preset lacks a curve runs that part at the ideal rate and
+:func:`resolve_efficiency` warns (:class:`CalibrationWarning`), naming what is missing.
+
+>>> m = MatmulEfficiency(peak_fraction=0.8, half_intensity=100.0)
+>>> round(m.fraction(100.0), 3), round(m.fraction(1e9), 3)  # half of the plateau at I = 100
+(0.4, 0.8)
+>>> CollectiveEfficiency(peak_fraction=0.9, half_bytes=1e6).fraction(1e6)
+0.45
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CostModelError
+
+if TYPE_CHECKING:
+    from .hardware import Hardware
+
+EFFICIENCY_MODES = ("ideal", "calibrated")
+
+
+class CalibrationWarning(UserWarning):
+    """Calibrated times asked of a chip that lacks some measured curve (it runs ideal there)."""
+
+
+def _fraction(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and 0 < value <= 1):
+        raise CostModelError(
+            f"{name} = {value!r}: an efficiency is a fraction of peak, above 0 and at most 1; "
+            "a measured rate above the preset's peak means the peak is wrong, fix the peak instead"
+        )
+
+
+def _non_negative(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+        raise CostModelError(f"{name} = {value!r} must be a finite number >= 0")
+
+
+@dataclass(frozen=True)
+class MatmulEfficiency:
+    """Achieved over peak FLOP/s of a matmul: ``peak_fraction x I / (I + half_intensity)``.
+
+    ``by_dtype`` overrides ``peak_fraction`` for some dtypes (fp8 reaches less of its peak);
+    ``source`` says where the numbers come from.
+
+    >>> MatmulEfficiency(1.2)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    shardsim.errors.CostModelError: peak_fraction = 1.2: an efficiency is a fraction of peak, above 0 and at most 1; ...
+    """
+
+    peak_fraction: float
+    half_intensity: float = 0.0
+    by_dtype: Mapping[str, float] = field(default_factory=dict)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _fraction("peak_fraction", self.peak_fraction)
+        _non_negative("half_intensity", self.half_intensity)
+        for dtype, value in self.by_dtype.items():
+            _fraction(f"by_dtype[{dtype!r}]", value)
+
+    def fraction(self, intensity: float, dtype: str = "bfloat16") -> float:
+        """Achieved / peak FLOP/s at arithmetic ``intensity`` (FLOPs per HBM byte)."""
+        peak = self.by_dtype.get(str(dtype), self.peak_fraction)
+        if math.isinf(intensity) or self.half_intensity == 0:
+            return peak
+        return peak * intensity / (intensity + self.half_intensity) if intensity > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class CollectiveEfficiency:
+    """Achieved over link bandwidth of a collective moving V bytes: ``peak_fraction x V / (V + half_bytes)``.
+
+    ``launch_s`` is a fixed time every collective pays on top (measured small-message time
+    beyond the per-hop latency).
+
+    >>> CollectiveEfficiency(0.83, half_bytes=86e6).fraction(10e9) > 0.82
+    True
+    """
+
+    peak_fraction: float
+    half_bytes: float = 0.0
+    launch_s: float = 0.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _fraction("peak_fraction", self.peak_fraction)
+        _non_negative("half_bytes", self.half_bytes)
+        _non_negative("launch_s", self.launch_s)
+
+    def fraction(self, nbytes: float) -> float:
+        """Achieved / link bandwidth for an array of ``nbytes`` (V)."""
+        if self.half_bytes == 0:
+            return self.peak_fraction
+        return self.peak_fraction * nbytes / (nbytes + self.half_bytes) if nbytes > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A chip's measured curves: ``matmul`` and one :class:`CollectiveEfficiency` per network name."""
+
+    matmul: MatmulEfficiency | None = None
+    networks: Mapping[str, CollectiveEfficiency] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """The efficiency an estimate runs at: the mode and the curves in force (None: ideal).
+
+    ``missing`` names the parts a calibrated chip has no curve for (they run ideal).
+    """
+
+    mode: str
+    matmul: MatmulEfficiency | None = None
+    networks: Mapping[str, CollectiveEfficiency] = field(default_factory=dict)
+    missing: tuple[str, ...] = ()
+
+    @property
+    def calibrated(self) -> bool:
+        return self.mode == "calibrated"
+
+    def matmul_fraction(self, intensity: float, dtype: Any = "bfloat16") -> float:
+        """Achieved / peak FLOP/s for a matmul of this intensity (1 when ideal)."""
+        return 1.0 if self.matmul is None else self.matmul.fraction(intensity, str(dtype))
+
+    def describe(self) -> str:
+        """One line: ``efficiency ideal`` or what the calibrated mode uses and lacks."""
+        if not self.calibrated:
+            return "efficiency ideal (peak FLOP/s, full link bandwidth)"
+        parts = []
+        if self.matmul is not None:
+            parts.append(f"matmul up to {self.matmul.peak_fraction:.1%} of peak")
+        parts += [f"{name} up to {c.peak_fraction:.1%} of link rate" for name, c in self.networks.items()]
+        text = "efficiency calibrated (" + ", ".join(parts or ["no measured curves"]) + ")"
+        if self.missing:
+            text += "; ideal for " + ", ".join(self.missing) + " (no measured data)"
+        return text
+
+
+IDEAL = Efficiency("ideal")
+
+
+def resolve_efficiency(
+    hardware: Hardware, efficiency: str | Efficiency = "ideal", networks: Sequence[str] | None = None
+) -> Efficiency:
+    """The :class:`Efficiency` of ``hardware`` in mode ``efficiency`` ("ideal" or "calibrated").
+
+    Calibrated on a chip without some measured curve warns, naming what is missing among
+    the matmuls and ``networks`` (default: all the chip's networks; an estimate passes the
+    ones its placement uses).
+
+    >>> from shardsim.cost import get_hardware
+    >>> round(resolve_efficiency(get_hardware("h100"), "calibrated", ["nvlink"]).matmul.peak_fraction, 3)
+    0.803
+    >>> resolve_efficiency(get_hardware("h100"), "fast")
+    Traceback (most recent call last):
+    ...
+    shardsim.errors.CostModelError: efficiency 'fast': use one of ('ideal', 'calibrated')
+    """
+    if isinstance(efficiency, Efficiency):
+        return efficiency
+    if efficiency not in EFFICIENCY_MODES:
+        raise CostModelError(f"efficiency {efficiency!r}: use one of {EFFICIENCY_MODES}")
+    if efficiency == "ideal":
+        return IDEAL
+    cal = hardware.calibration or Calibration()
+    missing = [] if cal.matmul is not None else ["matmul"]
+    used = list(hardware.networks) if networks is None else list(networks)
+    missing += [name for name in used if name not in cal.networks]
+    if missing:
+        warnings.warn(
+            CalibrationWarning(
+                f"{hardware.name} has no measured efficiency for {', '.join(missing)}: those run at the "
+                "ideal rate in calibrated estimates; give the curves with "
+                "hw.with_(calibration=Calibration(matmul=..., networks={...}))"
+            ),
+            stacklevel=2,
+        )
+    curves = {name: cal.networks[name] for name in used if name in cal.networks}
+    return Efficiency("calibrated", cal.matmul, curves, tuple(missing))
