@@ -138,3 +138,7 @@ def test_context_axis_cannot_share_an_axis_with_another_parallelism() -> None:
         Plan.parse("cp=2,tp=2,context_axis=model")
     with pytest.raises(PlanError, match="cp_method"):
         Plan.parse("cp=2,cp_method=ulysses")
+    from shardsim.transformer.demo import walk
+
+    with pytest.raises(PlanError, match="walk a plan without cp"):
+        walk("gpt-tiny", "cp=2")

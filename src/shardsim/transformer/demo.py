@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..array import shard
+from ..errors import PlanError
 from ..memory import fmt_bytes
 from ..models import TransformerConfig, get, reference
 from ..pictures import trace_table
@@ -32,6 +33,11 @@ def walk(model: str | TransformerConfig, plan: str | Plan) -> str:
     """The walk-through text of block 0 of ``model`` (a preset name or a config) under ``plan``."""
     cfg = get(model) if isinstance(model, str) else model
     plan = Plan.parse(plan) if isinstance(plan, str) else plan
+    if plan.cp > 1:
+        raise PlanError(
+            f"the walk-through follows one block's tensor-parallel steps; {plan} has cp={plan.cp}: run it with "
+            "run_model, or walk a plan without cp"
+        )
     mesh = plan.mesh()
     roles = Roles.of(plan, cfg.n_kv)
     params = reference.init(cfg, seed=0, dtype="float64")
