@@ -18,7 +18,7 @@ import shardsim as ss
 from shardsim import mlp, strategies
 from shardsim.activations import get as get_activation
 from shardsim.strategies.base import Ctx
-from shardsim.strategies.run import run
+from shardsim.strategies.runner import run
 
 B, D, F = 512, 1024, 4096
 MESHES = {"ddp": {"X": 8}, "fsdp": {"X": 8}, "tp": {"Y": 8}, "fsdp_tp": {"X": 2, "Y": 4}}

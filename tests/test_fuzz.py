@@ -36,7 +36,7 @@ from shardsim import checkpoint
 from shardsim.dtypes import resolve_dtype, tolerance
 from shardsim.errors import DtypeError
 from shardsim.layout import Dim, Layout
-from shardsim.reshard import reshard
+from shardsim.resharding import reshard
 
 SEED = int(os.environ.get("SHARDSIM_FUZZ_SEED", "20240611"))
 

@@ -122,7 +122,6 @@ def test_parse_error_points_at_token(text: str, token: str, words: str) -> None:
     [
         ("[B_X, D_Y", "missing closing ']'"),
         ("", "no dimensions"),
-        ("[]", "no dimensions"),
         ("[B, D_{data,model]", "missing closing '}'"),
         ("[B, D]{U_Y", "a partial sum is written"),
     ],

@@ -9,7 +9,7 @@ import pytest
 
 import shardsim
 from shardsim import OutOfMemoryError, checkpoint
-from shardsim.reshard import reshard
+from shardsim.resharding import reshard
 
 
 def snapshot(mesh: shardsim.Mesh) -> tuple[object, ...]:

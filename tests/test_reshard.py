@@ -25,7 +25,7 @@ from shardsim import (
     ShardingError,
 )
 from shardsim.layout import Dim, Layout
-from shardsim.reshard import host_global, local_slice, plan_reshard, reshard
+from shardsim.resharding import host_global, local_slice, plan_reshard, reshard
 
 NAMES = ("X", "Y", "Z", "W")
 

@@ -9,10 +9,13 @@ Layout('[B_X, D]')
 
 from __future__ import annotations
 
-from . import checkpoint, formulas, mlp, moe, norm, pieces, pipeline, training
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .array import ShapeDtype, ShardedArray, from_local, shard
 from .collectives import all_gather, all_reduce, all_to_all, ppermute, reduce_scatter
 from .errors import (
+    ArgumentTypeError,
     CheckpointError,
     ChipFailureError,
     CollectiveError,
@@ -36,29 +39,56 @@ from .errors import (
 from .layout import Layout
 from .mesh import Mesh
 from .ops import activation, activation_grad, cast, matmul
-from .pictures import show
-from .plan import Plan
-from .reshard import reshard
-from .strategies import run_strategy
+from .resharding import reshard
 from .tracing import Trace, phase, trace
-from .training import Trainer, train_step
+
+if TYPE_CHECKING:  # loaded on first use (see __getattr__), named here for type checkers
+    from . import checkpoint, cost, formulas, memory, mlp, models, moe, norm, pieces, pipeline, training
+    from .pictures import show
+    from .plan import Plan
+    from .strategies import run_strategy
+    from .training import Trainer, train_step
+    from .transformer import run_model
+
+# Names whose modules load on first use, as NumPy and SciPy load their submodules: the
+# training loop, checkpoints and cost model pull in json, hashing and the schemes, which a
+# program that only shards and reduces never needs.
+_LAZY = {
+    "Plan": "plan",
+    "run_model": "transformer",
+    "show": "pictures",
+    "run_strategy": "strategies",
+    "Trainer": "training",
+    "train_step": "training",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """``shardsim.cost``, ``shardsim.Trainer``...: import the submodule the first time it is asked for."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    elif name.startswith("_"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    else:
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise  # the submodule exists but needs something missing: say so
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> object:
-    # shardsim.models is imported on first use, so importing shardsim stays as light as before
-    if name == "models":
-        import importlib
-
-        return importlib.import_module(".models", __name__)
-    if name == "run_model":  # it needs shardsim.models: loaded on first use as well
-        from .transformer import run_model
-
-        return run_model
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 __all__ = [
+    "ArgumentTypeError",
     "CheckpointError",
     "ChipFailureError",
     "CollectiveError",
@@ -92,10 +122,13 @@ __all__ = [
     "all_to_all",
     "cast",
     "checkpoint",
+    "cost",
     "formulas",
     "from_local",
     "matmul",
+    "memory",
     "mlp",
+    "models",
     "moe",
     "norm",
     "phase",

@@ -105,11 +105,12 @@ def _matmul(lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     are views into it. Otherwise NumPy's batched matmul pairs the blocks chip by chip.
     """
     lead_l, lead_r = lhs.shape[:-2], rhs.shape[:-2]
-    if len(lead_l) != len(lead_r) or any(a > 1 and b > 1 for a, b in zip(lead_l, lead_r)):
+    # a leading size other than 1 varies (0 too: a zero-size batch broadcasts as NumPy's does)
+    if len(lead_l) != len(lead_r) or any(a != 1 and b != 1 for a, b in zip(lead_l, lead_r)):
         return np.matmul(lhs, rhs)
     (m, k), n = lhs.shape[-2:], rhs.shape[-1]
-    on_l = [i for i, size in enumerate(lead_l) if size > 1]
-    on_r = [i for i, size in enumerate(lead_r) if size > 1]
+    on_l = [i for i, size in enumerate(lead_l) if size != 1]
+    on_r = [i for i, size in enumerate(lead_r) if size != 1]
     nl, nr = math.prod(lead_l), math.prod(lead_r)
     rows = lhs.reshape(nl * m, k)  # (chips_l * M, K)
     cols = np.moveaxis(rhs.reshape(nr, k, n), 0, 1).reshape(k, nr * n)  # (K, chips_r * N)
@@ -117,7 +118,7 @@ def _matmul(lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     # out's dims: lhs chip dims, M, rhs chip dims, N; put the chip dims back in mesh order
     where = {i: j for j, i in enumerate(on_l)} | {i: len(on_l) + 1 + j for j, i in enumerate(on_r)}
     out = out.transpose([where[i] for i in sorted(where)] + [len(on_l), out.ndim - 1])
-    return out.reshape(tuple(max(a, b) for a, b in zip(lead_l, lead_r)) + (m, n))
+    return out.reshape(tuple(a if b == 1 else b for a, b in zip(lead_l, lead_r)) + (m, n))
 
 
 def fold_contraction(lhs: np.ndarray, rhs: np.ndarray, positions: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -27,6 +27,7 @@ import numpy as np
 from . import _blocks
 from .dtypes import resolve_dtype
 from .errors import (
+    ArgumentTypeError,
     DivisibilityError,
     MeshMismatchError,
     PartialSumError,
@@ -55,12 +56,83 @@ class ShapeDtype:
     dtype: Any = "float32"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+        object.__setattr__(self, "shape", check_shape(self.shape, "ShapeDtype(shape)"))
         object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
+
+
+# A chip's block and the ledger's totals are int64 byte counts (NumPy's index type): a value
+# past this many bytes per chip could not be indexed, and sums past it would wrap.
+MAX_BYTES = 2**62
+
+
+def check_shape(shape: Any, argument: str) -> tuple[int, ...]:
+    """``shape`` as a tuple of non-negative ints, or an error naming ``argument``.
+
+    >>> check_shape([4, 0], "shape")
+    (4, 0)
+    """
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ArgumentTypeError(f"{argument}={shape!r}: a shape is a tuple of integers, e.g. (4, 8)") from None
+    for n in dims:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise ArgumentTypeError(f"{argument}={shape!r}: a shape is a tuple of integers, got {n!r}")
+        if n < 0:
+            raise ShapeError(f"{argument}={shape!r}: dimension sizes are zero or more, got {n}")
+    out = tuple(int(n) for n in dims)
+    if math.prod(out) >= MAX_BYTES:
+        raise ShapeError(f"{argument}={shape!r}: {math.prod(out)} elements is more than any chip can index")
+    return out
+
+
+def require_array(x: Any, argument: str, op: str) -> ShardedArray:
+    """``x`` if it is a :class:`ShardedArray`, else :class:`ArgumentTypeError` naming ``argument`` of ``op``.
+
+    >>> try:
+    ...     require_array(3, "x", "all_gather")
+    ... except ArgumentTypeError as e:
+    ...     print(str(e)[:63])
+    all_gather needs a ShardedArray, got int for its argument x (3)
+    """
+    if not isinstance(x, ShardedArray):
+        raise ArgumentTypeError(
+            f"{op} needs a ShardedArray, got {type(x).__name__} for its argument {argument} ({_short(x)}); "
+            "build one with shardsim.shard(array, mesh, layout)"
+        )
+    return x
+
+
+def require_mesh(mesh: Any, argument: str, op: str) -> Mesh:
+    """``mesh`` if it is a :class:`Mesh`, else :class:`ArgumentTypeError` naming ``argument`` of ``op``."""
+    if not isinstance(mesh, Mesh):
+        raise ArgumentTypeError(
+            f"{op}: {argument} must be a shardsim.Mesh, got {type(mesh).__name__} ({_short(mesh)}); "
+            "e.g. shardsim.Mesh(X=2, Y=2)"
+        )
+    return mesh
+
+
+def as_numeric(array: Any, argument: str) -> np.ndarray:
+    """``np.asarray(array)`` if that is a numeric array, else :class:`ArgumentTypeError` naming ``argument``."""
+    try:
+        data = np.asarray(array)
+    except (TypeError, ValueError) as e:  # ragged nested lists, objects NumPy cannot convert
+        raise ArgumentTypeError(f"{argument}: NumPy cannot make an array of {_short(array)} ({e})") from None
+    if data.dtype.kind not in "fiucb" and data.dtype.name != "bfloat16":
+        raise ArgumentTypeError(f"{argument}: cannot shard an array of dtype {data.dtype}; use a numeric dtype")
+    return data
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        return f"<ndarray {v.shape} {v.dtype}>"
+    text = " ".join(repr(v).split())
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class _LazyMatmul:
@@ -140,7 +212,12 @@ class ShardedArray:
             self.holders = None  # held by every chip: the usual case, spelled one way
         self.local_shape = local_shape_of(mesh, layout, global_shape)
         self.local_nbytes = math.prod(self.local_shape) * dtype.itemsize
-        self.storage = view_of.storage if view_of is not None else self.uid
+        if self.local_nbytes >= MAX_BYTES:
+            raise ShapeError(
+                f"{self.describe()} would hold {self.local_nbytes} bytes per chip, more than a chip can index "
+                f"(2**62); split it over more chips or use smaller sizes"
+            )
+        self.storage: int = view_of.storage if view_of is not None else self.uid
         # the traced values (event outputs or program inputs) this one derives from
         self.sources: tuple[int, ...] = tuple(dict.fromkeys(s for v in origins for s in v.sources)) or (self.uid,)
         mesh.memory.allocate(self)
@@ -301,10 +378,62 @@ class ShardedArray:
 
         return divide(self, other)
 
+    def __rtruediv__(self, other: Any) -> ShardedArray:
+        from .ops import divide
+
+        return divide(other, self)
+
+    def __floordiv__(self, other: Any) -> ShardedArray:
+        return self.__array_ufunc__(np.floor_divide, "__call__", self, other)
+
+    def __rfloordiv__(self, other: Any) -> ShardedArray:
+        return self.__array_ufunc__(np.floor_divide, "__call__", other, self)
+
+    def __mod__(self, other: Any) -> ShardedArray:
+        return self.__array_ufunc__(np.remainder, "__call__", self, other)
+
+    def __rmod__(self, other: Any) -> ShardedArray:
+        return self.__array_ufunc__(np.remainder, "__call__", other, self)
+
+    def __pow__(self, other: Any) -> ShardedArray:
+        return self.__array_ufunc__(np.power, "__call__", self, other)
+
+    def __rpow__(self, other: Any) -> ShardedArray:
+        return self.__array_ufunc__(np.power, "__call__", other, self)
+
     def __neg__(self) -> ShardedArray:
         from .ops import multiply
 
         return multiply(self, -1.0)
+
+    def __abs__(self) -> ShardedArray:
+        return self.__array_ufunc__(np.absolute, "__call__", self)
+
+    # -- NumPy interoperability ---------------------------------------------------------
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """``np.asarray(x)``: the global array; a partial sum or a shape-only value refuses."""
+        out = self.to_global()
+        if dtype is not None:
+            return out.astype(resolve_dtype(dtype))
+        return out.copy() if copy else out
+
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        """NumPy ufuncs (``np.exp(x)``, ``np.add(x, y)``) run on every chip's block (see ``ops.apply_ufunc``)."""
+        from .ops import apply_ufunc
+
+        return apply_ufunc(ufunc, method, inputs, kwargs)
+
+    def astype(self, dtype: Any) -> ShardedArray:
+        """The value in another dtype, same layout (NumPy's ``astype``; see :func:`shardsim.cast`)."""
+        from .ops import cast
+
+        return cast(self, dtype)
+
+    def __getitem__(self, index: Any) -> ShardedArray:
+        """Basic indexing (integers, slices, ``...``) along dimensions that are not split."""
+        from .ops import take_basic
+
+        return take_basic(self, index)
 
     @property
     def T(self) -> ShardedArray:  # noqa: N802 - NumPy's name
@@ -342,6 +471,8 @@ def local_shape_of(mesh: Mesh, layout: Layout, global_shape: Sequence[int]) -> t
         )
     out = []
     for n, d in zip(global_shape, layout.dims):
+        if n < 0:
+            raise ShapeError(f"dimension {d.name} of layout {layout} has negative size {n}")
         parts = mesh.axis_size(d.axes) if d.axes else 1
         if n % parts:
             sizes = " x ".join(f"{a}={mesh.axis_size(a)}" for a in d.axes)
@@ -364,7 +495,8 @@ def _axes_arg(axes: tuple[str, ...]) -> str:
     return repr(axes[0]) if len(axes) == 1 else repr(axes)
 
 
-def _parse(layout: str | Layout, mesh: Mesh) -> Layout:
+def _parse(layout: str | Layout, mesh: Mesh, op: str = "shard") -> Layout:
+    require_mesh(mesh, "mesh", op)
     return Layout.parse(layout, mesh.axis_names).validate(mesh.axis_names)
 
 
@@ -396,9 +528,7 @@ def shard(
         return ShardedArray(mesh, lay, array.shape, array.dtype, None, label=label, category=category)
     if isinstance(array, ShardedArray):
         raise ShardingError(f"{array.describe()} is already sharded; use shardsim.reshard to change its layout")
-    data = np.asarray(array)
-    if data.dtype.kind not in "fiucb" and data.dtype.name != "bfloat16":
-        raise ShardingError(f"cannot shard an array of dtype {data.dtype}; use a numeric dtype")
+    data = as_numeric(array, "shard(array)")
     shape = tuple(data.shape)
     local_shape_of(mesh, lay, shape)  # validates rank and divisibility with a clear message
     idx = mesh.axis_index
@@ -426,8 +556,13 @@ def from_local(
     >>> shardsim.all_reduce(p, "X").to_global()
     array([[3.]])
     """
-    lay = _parse(layout, mesh)
-    data = np.asarray(blocks)
+    lay = _parse(layout, mesh, "from_local")
+    if isinstance(blocks, (ShardedArray, ShapeDtype)):
+        raise ArgumentTypeError(
+            f"from_local(blocks={_short(blocks)}): blocks is a NumPy array of every chip's block, "
+            f"stacked as mesh.shape + local_shape, got {type(blocks).__name__}"
+        )
+    data = as_numeric(blocks, "from_local(blocks)")
     nm = len(mesh.shape)
     if data.shape[:nm] != mesh.shape or data.ndim != nm + lay.rank:
         raise ShapeError(

@@ -45,7 +45,7 @@ from .mesh import Mesh
 from .pictures import _table, chip_lines
 from .strategies import StrategyResult
 from .strategies.base import ROLE_DEFAULTS
-from .strategies.run import run as run_scheme
+from .strategies.runner import run as run_scheme
 from .tracing import Event
 from .training import cli as train_cli
 

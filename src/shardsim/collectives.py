@@ -31,15 +31,16 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import numbers
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from . import _blocks, tracing
-from .array import ShardedArray, _LazyMatmul, held_text, local_shape_of
+from .array import ShardedArray, _LazyMatmul, held_text, local_shape_of, require_array
 from .dtypes import resolve_dtype
-from .errors import ChipFailureError, CollectiveError, ShardingError
+from .errors import ArgumentTypeError, ChipFailureError, CollectiveError, ShardingError
 from .layout import Layout
 from .mesh import normalize_axes
 
@@ -52,7 +53,7 @@ def all_gather(x: ShardedArray, axis: Axes, *, label: str | None = None) -> Shar
     ``axis`` must be the minor end of that dimension's split (``D_XY``: gather ``Y`` or
     ``("X", "Y")``), so the blocks concatenate in global order.
     """
-    axes = _axes(x, axis)
+    axes = _axes(x, axis, "all_gather")
     dim = _split_dim(x, axes, "all_gather")
     d = x.layout.dims[dim]
     layout = x.layout.with_dim(dim, d.axes[: len(d.axes) - len(axes)])
@@ -69,7 +70,7 @@ def all_gather(x: ShardedArray, axis: Axes, *, label: str | None = None) -> Shar
 
 def reduce_scatter(x: ShardedArray, axis: Axes, dim: str | int, *, label: str | None = None) -> ShardedArray:
     """Sum the partials over ``axis`` and split ``dim`` over it: ``[A, B]{U_X} -> [A_X, B]``."""
-    axes = _axes(x, axis)
+    axes = _axes(x, axis, "reduce_scatter")
     _check_partial(x, axes, "reduce_scatter")
     x = _in_reduce_dtype(x, axes)
     i = x.layout.dim_index(dim)
@@ -92,7 +93,7 @@ def reduce_scatter(x: ShardedArray, axis: Axes, dim: str | int, *, label: str | 
 
 def all_reduce(x: ShardedArray, axis: Axes, *, label: str | None = None) -> ShardedArray:
     """Sum the partials over ``axis``; every chip of the group gets the sum: ``{U_X}`` cleared."""
-    axes = _axes(x, axis)
+    axes = _axes(x, axis, "all_reduce")
     _check_partial(x, axes, "all_reduce")
     x = _in_reduce_dtype(x, axes)
     layout = x.layout.with_partial(a for a in x.layout.partial if a not in axes)
@@ -116,7 +117,7 @@ def all_to_all(
     In ``jax.lax.all_to_all`` terms, ``dst_dim`` is ``split_axis`` and ``src_dim`` is
     ``concat_axis``.
     """
-    axes = _axes(x, axis)
+    axes = _axes(x, axis, "all_to_all")
     src = x.layout.dim_index(src_dim)
     dst = x.layout.dim_index(dst_dim)
     if src == dst:
@@ -161,7 +162,7 @@ def ppermute(
     ``perm`` instead gives ``(source, destination)`` pairs, as in ``jax.lax.ppermute``; it
     must be a full permutation of the axis indices. The layout is unchanged; the blocks move.
     """
-    axes = _axes(x, axis)
+    axes = _axes(x, axis, "ppermute")
     n = x.mesh.axis_size(axes)
     src_of = _permutation(n, shift, perm, x)
     _check_permutable(x, axes)
@@ -201,7 +202,8 @@ def reduce_dtype(dtype: Any, axes: Axes) -> Iterator[None]:
     dtype('float32')
     """
     dt = resolve_dtype(dtype)
-    token = _reduce_dtypes.set(_reduce_dtypes.get() + tuple((a, dt) for a in normalize_axes(axes)))
+    pairs = tuple((a, dt) for a in normalize_axes(axes, "axes", "reduce_dtype"))
+    token = _reduce_dtypes.set(_reduce_dtypes.get() + pairs)
     try:
         yield
     finally:
@@ -222,8 +224,10 @@ def _in_reduce_dtype(x: ShardedArray, axes: tuple[str, ...]) -> ShardedArray:
 
 
 # -- helpers -------------------------------------------------------------------------------
-def _axes(x: ShardedArray, axis: Axes) -> tuple[str, ...]:
-    axes = normalize_axes(axis)
+def _axes(x: ShardedArray, axis: Axes, op: str) -> tuple[str, ...]:
+    """The door of every collective: ``x`` a ShardedArray, ``axis`` names of its mesh's axes."""
+    require_array(x, "x", op)
+    axes = normalize_axes(axis, "axis", op)
     for a in axes:
         x.mesh.check_axis(a)
     return axes
@@ -291,10 +295,23 @@ def _permutation(n: int, shift: int | None, perm: Sequence[tuple[int, int]] | No
     if (shift is None) == (perm is None):
         raise ShardingError("ppermute takes exactly one of shift=... or perm=[(source, destination), ...]")
     if shift is not None:
-        return [(d - shift) % n for d in range(n)]
+        if isinstance(shift, bool) or not isinstance(shift, numbers.Integral):
+            raise ArgumentTypeError(
+                f"ppermute(shift={shift!r}): shift is a whole number of steps along the axis (1: to the next chip)"
+            )
+        return [(d - int(shift)) % n for d in range(n)]
     assert perm is not None
+    try:
+        pairs = [tuple(p) for p in perm]
+    except TypeError:
+        raise ArgumentTypeError(f"ppermute(perm={perm!r}): perm is a list of (source, destination) pairs") from None
+    for p in pairs:
+        if len(p) != 2 or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in p):
+            raise ArgumentTypeError(
+                f"ppermute(perm=...): {p!r} is not a (source, destination) pair of integer axis indices"
+            )
     src_of = [-1] * n
-    for s, d in perm:
+    for s, d in pairs:
         if not (0 <= s < n and 0 <= d < n):
             raise ShardingError(f"ppermute pair ({s}, {d}) out of range for an axis of size {n}")
         if src_of[d] != -1:
@@ -303,7 +320,7 @@ def _permutation(n: int, shift: int | None, perm: Sequence[tuple[int, int]] | No
     if sorted(src_of) != list(range(n)):
         raise ShardingError(
             f"ppermute of {x.describe()}: perm must be a full permutation of 0..{n - 1} so every chip "
-            "keeps a block; got " + repr(list(perm))
+            "keeps a block; got " + repr(pairs)
         )
     return src_of
 

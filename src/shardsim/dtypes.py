@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ShardingError
+from .errors import DtypeError
 
 FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
@@ -22,16 +22,16 @@ def resolve_dtype(dtype: Any) -> np.dtype:
         try:
             import ml_dtypes
         except ImportError:  # pragma: no cover - depends on the environment
-            raise ShardingError(
+            raise DtypeError(
                 "bfloat16 needs the package ml_dtypes, a dependency of shardsim: pip install ml_dtypes"
             ) from None
         return np.dtype(ml_dtypes.bfloat16)
     try:
         dt = np.dtype(dtype)
-    except (TypeError, ValueError) as e:  # "nonsense" is a TypeError, "{'a': 1}" a ValueError
-        raise ShardingError(f"unknown dtype {dtype!r}; use one of {list(FLOAT_NAMES)}") from e
+    except (TypeError, ValueError, SyntaxError) as e:  # "nonsense", "{'a': 1}", "," (a field list)
+        raise DtypeError(f"unknown dtype {dtype!r}; use one of {list(FLOAT_NAMES)}") from e
     if dt.kind not in "biufc" and dt.name != "bfloat16":
-        raise ShardingError(f"dtype {dt} is not numeric; use one of {list(FLOAT_NAMES)} or an integer or bool dtype")
+        raise DtypeError(f"dtype {dt} is not numeric; use one of {list(FLOAT_NAMES)} or an integer or bool dtype")
     return dt
 
 

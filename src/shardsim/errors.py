@@ -59,6 +59,11 @@ class DtypeError(ShardingError, TypeError):
     """An elementwise op NumPy refuses for these dtypes or scalars (``bool - bool``, ``int8 + 300``)."""
 
 
+class ArgumentTypeError(ShardingError, TypeError):
+    """An argument of the wrong kind (not a ``ShardedArray``, not a ``Mesh``, an axis that is not a
+    name, a shift that is not an integer); the message names the argument and what it must be."""
+
+
 class ShapeOnlyError(ShardsimError, TypeError):
     """Data asked of a shape-only value, or data and shape-only values mixed in one op."""
 
@@ -92,6 +97,7 @@ class ModelInputError(ShardingError):
 
 
 __all__ = [
+    "ArgumentTypeError",
     "CheckpointError",
     "ChipFailureError",
     "CollectiveError",

@@ -15,6 +15,7 @@ partial-sum axis ("once a mesh dimension has been used it is spent").
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,7 +26,8 @@ from .errors import LayoutParseError, MatmulShardingError, MeshAxisError, ShapeE
 if TYPE_CHECKING:
     from .mesh import Mesh
 
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+# A letter (any script: mesh axes may be named "αβ"), then letters and digits; never "_".
+_NAME = re.compile(r"[^\W\d_][^\W_]*")
 # One dimension or partial-sum token: commas inside a brace subscript (D_{data,model}) do not split it.
 _TOKEN = re.compile(r"[^,\s{]*\{[^}]*\}?[^,\s]*|[^,\s]+")
 
@@ -54,7 +56,12 @@ class Layout:
         """Parse ``"[B_X, D_Y]{U_Z}"``, ``"B_X D_Y"`` or ``"D_{data,model} F"``.
 
         With ``axis_names`` (a mesh's axes), a subscript like ``XY`` is split into known axis
-        names; without, each letter is one axis.
+        names (into single letters when each letter is an axis, else longest names first);
+        without, each letter is one axis. ``"[]"`` is a rank-0 value. ``str(layout)`` parses
+        back to ``layout`` on its mesh: axes with names longer than a letter print in braces.
+
+        >>> Layout.parse("[]"), Layout.parse("D_{data,αβ}").dims[0].axes
+        (Layout('[]'), ('data', 'αβ'))
         """
         if isinstance(text, Layout):
             return text
@@ -103,10 +110,14 @@ class Layout:
 
     def dim_index(self, dim: str | int) -> int:
         """Index of a dimension named ``dim`` (or checked index ``dim``)."""
-        if isinstance(dim, int) and not isinstance(dim, bool):
+        if isinstance(dim, numbers.Integral) and not isinstance(dim, bool):
             if not -self.rank <= dim < self.rank:
                 raise ShapeError(f"dimension index {dim} out of range for layout {self} (rank {self.rank})")
-            return dim % self.rank
+            return int(dim) % self.rank
+        if not isinstance(dim, str):
+            raise ShapeError(
+                f"dimension {dim!r}: name a dimension of layout {self} ({list(self.names)}) or give its index"
+            )
         hits = [i for i, d in enumerate(self.dims) if d.name == dim]
         if len(hits) != 1:
             what = "no" if not hits else "more than one"
@@ -175,10 +186,26 @@ def _subscript(axes: tuple[str, ...]) -> str:
     return "_{" + ",".join(axes) + "}"
 
 
+def _axis_names(text: str, axis_names: Any) -> tuple[str, ...]:
+    """``axis_names`` as a tuple of names, or LayoutParseError saying what it must be."""
+    names: Any = None
+    if not isinstance(axis_names, (str, bytes)):
+        try:
+            names = tuple(axis_names)
+        except TypeError:
+            names = None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise LayoutParseError(
+            f"Layout.parse({text!r}, axis_names={axis_names!r}): axis_names is a mesh's axis names, "
+            "a tuple of strings such as mesh.axis_names"
+        )
+    return names
+
+
 class _Parser:
     def __init__(self, text: str, axis_names: Sequence[str] | None) -> None:
         self.text = text
-        self.axis_names = tuple(axis_names) if axis_names is not None else None
+        self.axis_names = None if axis_names is None else _axis_names(text, axis_names)
 
     def fail(self, pos: int, why: str) -> LayoutParseError:
         return LayoutParseError(
@@ -203,8 +230,8 @@ class _Parser:
         dims = []
         for match in _TOKEN.finditer(inner):
             dims.append(self._dim(match.group(), offset + match.start()))
-        if not dims:
-            raise self.fail(offset, "no dimensions")
+        if not dims and not stripped.startswith("["):
+            raise self.fail(offset, "no dimensions (a rank-0 value is written '[]')")
         part = self._partial(partial, brace) if brace is not None else ()
         return Layout(tuple(dims), part)
 
@@ -244,6 +271,10 @@ class _Parser:
 
     def _split_known(self, sub: str, pos: int) -> tuple[str, ...]:
         assert self.axis_names is not None
+        if all(c in self.axis_names for c in sub):
+            # one letter per axis, as str() prints single-letter axes ("D_XY" on a mesh with
+            # axes X, Y and XY is X then Y; the axis XY prints as "D_{XY}")
+            return tuple(sub)
         names = sorted((n for n in self.axis_names if n), key=len, reverse=True)  # "" would never advance
         out: list[str] = []
         i = 0

@@ -18,19 +18,21 @@ chip and per category (``params``, ``grads``, ``optimizer``, ``activations``,
 
 from __future__ import annotations
 
+import numbers
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import OutOfMemoryError
+from .errors import OutOfMemoryError, ShardingError
 
 if TYPE_CHECKING:
     from .array import ShardedArray
     from .mesh import Mesh
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries")
+_MOST = 2**63 - 1  # the ledger's counts are int64: refuse what would wrap them
 
 
 @dataclass
@@ -57,12 +59,26 @@ class MemoryLedger:
 
     def __init__(self, mesh: Mesh) -> None:
         self.mesh = mesh
-        self.capacity: int | None = None
+        self._capacity: int | None = None
         self._entries: dict[int, _Entry] = {}
         self._live: dict[str, np.ndarray] = {}
         self._peak: dict[str, np.ndarray] = {}
         self._total = np.zeros(mesh.shape, np.int64)
         self._total_peak = np.zeros(mesh.shape, np.int64)
+
+    @property
+    def capacity(self) -> int | None:
+        """Bytes each chip holds at most (None: unlimited); set it to a whole number of bytes."""
+        return self._capacity
+
+    @capacity.setter
+    def capacity(self, nbytes: int | None) -> None:
+        if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes < 0):
+            raise ShardingError(
+                f"mesh.memory.capacity = {nbytes!r}: a capacity is a whole number of bytes per chip "
+                "(e.g. 16 * 2**30 for 16 GiB), or None for unlimited"
+            )
+        self._capacity = None if nbytes is None else int(nbytes)
 
     # -- bookkeeping (called by ShardedArray) -------------------------------------------
     def allocate(self, value: ShardedArray) -> None:
@@ -70,6 +86,12 @@ class MemoryLedger:
         if shared is not None:  # a view of a live buffer: no new bytes
             shared.users += 1
             return
+        if int(self._total.max(initial=0)) > _MOST - value.local_nbytes:  # int64 counts must not wrap
+            raise OutOfMemoryError(
+                f"{value.describe()} ({fmt_bytes(value.local_nbytes)} per chip) would take a chip past "
+                f"{fmt_bytes(_MOST)}, the most the ledger counts and far more than any chip holds; "
+                "release values or use smaller sizes"
+            )
         per_chip = np.full(self.mesh.shape, value.local_nbytes, np.int64)
         if value.holders is not None:
             per_chip = per_chip * value.holders

@@ -20,12 +20,26 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import MeshAxisError, ShardingError
+from .errors import ArgumentTypeError, MeshAxisError, ShardingError
 
 if TYPE_CHECKING:
     from .memory import MemoryLedger
 
 MAX_AXES = 4
+# The ledger and the slowdowns hold one number per chip: past 2**24 chips (16.8 million, a
+# hundred times the largest clusters built) those arrays alone would fill the host's memory.
+MAX_CHIPS = 2**24
+
+
+# Names a keyword argument of Mesh(...) could be mistaken for: instance attributes, and the
+# ledger's capacity (Mesh(X=2, capacity=100) would otherwise be a 200-chip mesh).
+_RESERVED = {
+    "axis_names": "the attribute Mesh.axis_names",
+    "shape": "the attribute Mesh.shape",
+    "size": "the attribute Mesh.size",
+    "failed": "the attribute Mesh.failed",
+    "capacity": "the ledger's capacity: set mesh.memory.capacity = bytes per chip",
+}
 
 
 class Mesh:
@@ -41,6 +55,11 @@ class Mesh:
     """
 
     def __init__(self, axes: Mapping[str, int] | None = None, /, **sizes: int) -> None:
+        if axes is not None and not isinstance(axes, Mapping):
+            raise ArgumentTypeError(
+                f"Mesh(axes): axes is a mapping of axis names to sizes, e.g. Mesh({{'data': 4}}), "
+                f"got {type(axes).__name__} {axes!r}"
+            )
         spec: dict[str, int] = dict(axes or {})
         for name, size in sizes.items():
             if name in spec:
@@ -54,8 +73,21 @@ class Mesh:
                     f"mesh axis name {name!r} must be letters and digits without '_' "
                     "(the underscore separates a dimension from its axes in 'D_X')"
                 )
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            if name in _RESERVED or hasattr(Mesh, name):
+                where = _RESERVED.get(name) or f"the method Mesh.{name}"
+                raise MeshAxisError(
+                    f"mesh axis name {name!r} collides with {where}. Mesh(...) takes only axis sizes, so "
+                    f"{name}= would make an axis called {name!r}; give the axis another name, e.g. Mesh(X=2)"
+                )
+            if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
                 raise MeshAxisError(f"mesh axis {name!r} needs a positive integer size, got {size!r}")
+        if math.prod(int(n) for n in spec.values()) > MAX_CHIPS:
+            raise MeshAxisError(
+                f"Mesh({', '.join(f'{a}={n}' for a, n in spec.items())}) has "
+                f"{math.prod(int(n) for n in spec.values())} chips, more than the {MAX_CHIPS} a mesh can "
+                "index; estimate very large systems with shardsim.cost on a smaller mesh"
+            )
+        spec = {name: int(size) for name, size in spec.items()}
         self._axes: dict[str, int] = spec
         self.axis_names: tuple[str, ...] = tuple(spec)
         self.shape: tuple[int, ...] = tuple(spec.values())
@@ -84,6 +116,10 @@ class Mesh:
 
     def check_axis(self, axis: str) -> str:
         """Return ``axis`` if the mesh has it, else raise :class:`MeshAxisError` naming the axes it has."""
+        if not isinstance(axis, str):
+            raise ArgumentTypeError(
+                f"axis={axis!r}: a mesh axis is named by a string, one of {list(self.axis_names)}"
+            )
         if axis not in self._axes:
             raise MeshAxisError(f"unknown mesh axis {axis!r}; this mesh has axes {list(self.axis_names)} ({self})")
         return axis
@@ -91,6 +127,11 @@ class Mesh:
     # -- chips --------------------------------------------------------------------------
     def coords(self, chip: int) -> dict[str, int]:
         """Coordinates of the chip with flat index ``chip`` (row-major over the axes)."""
+        if isinstance(chip, bool) or not isinstance(chip, numbers.Integral):
+            raise ArgumentTypeError(
+                f"coords(chip={chip!r}): a chip is named by its integer index, 0 to {self.size - 1}"
+            )
+        chip = int(chip)
         if not 0 <= chip < self.size:
             raise MeshAxisError(f"chip index {chip} out of range for {self} ({self.size} chips)")
         out: dict[str, int] = {}
@@ -198,11 +239,32 @@ class Mesh:
         return mesh_html(self)
 
 
-def normalize_axes(axis: str | Iterable[str]) -> tuple[str, ...]:
-    """``"X"`` → ``("X",)``; a tuple or list stays in its order; a repeated axis is an error."""
-    axes = (axis,) if isinstance(axis, str) else tuple(axis)
+def normalize_axes(axis: str | Iterable[str], argument: str = "axis", op: str = "") -> tuple[str, ...]:
+    """``"X"`` → ``("X",)``; a tuple or list stays in its order; a repeated axis is an error.
+
+    Anything but a name or an iterable of names raises :class:`ArgumentTypeError` naming
+    ``argument`` (the parameter the caller was given) of ``op``.
+
+    >>> normalize_axes(["X", "Y"])
+    ('X', 'Y')
+    """
+    if isinstance(axis, str):
+        axes: tuple[str, ...] = (axis,)
+    else:
+        try:
+            axes = tuple(axis)
+        except TypeError:
+            axes = (axis,)  # type: ignore[assignment]  # reported just below
+    bad = [a for a in axes if not isinstance(a, str)]
+    if bad or isinstance(axis, (bytes, Mapping)):
+        raise ArgumentTypeError(
+            f"{op + ': ' if op else ''}{argument}={axis!r} is not a mesh axis name or a tuple of names; "
+            "pass e.g. 'X' or ('X', 'Y')"
+        )
     if not axes:
-        raise MeshAxisError("no mesh axis given; name one, e.g. 'X', or a tuple ('X', 'Y')")
+        raise MeshAxisError(
+            f"{op + ': ' if op else ''}{argument}=(): no mesh axis given; name one, e.g. 'X', or a tuple ('X', 'Y')"
+        )
     if len(set(axes)) != len(axes):
         raise MeshAxisError(f"mesh axis repeated in {axes}")
     return axes

@@ -19,7 +19,7 @@ from ..array import ShardedArray, compact_shape, local_shape_of, shard
 from ..errors import CheckpointError, ShardsimError
 from ..layout import Layout
 from ..mesh import Mesh
-from ..reshard import global_from_compact
+from ..resharding import global_from_compact
 from . import _files, _index
 from ._files import BLOCK_NAME, INDEX, Folder
 

@@ -37,7 +37,7 @@ from ..array import ShardedArray, check_same_kind, check_same_mesh
 from ..errors import DivisibilityError, ShapeError, ShardingError
 from ..ops import cast
 from . import gather, ring, steps
-from .geometry import Geometry, geometry
+from .problem import Geometry, geometry
 
 __all__ = ["AttentionSaved", "balanced_order", "context_attention", "context_attention_backward"]
 

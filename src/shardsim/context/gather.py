@@ -15,7 +15,7 @@ from ..array import ShardedArray
 from ..collectives import all_gather, reduce_scatter
 from ..pieces import concat, split
 from . import steps
-from .geometry import Geometry
+from .problem import Geometry
 
 
 def _gathered(g: Geometry, x: ShardedArray) -> list[ShardedArray]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..array import ShardedArray
 from ..collectives import ppermute
 from . import steps
-from .geometry import Geometry
+from .problem import Geometry
 
 Blocks = tuple[ShardedArray, ShardedArray, ShardedArray | None]  # K, V and (causal) positions of one block
 

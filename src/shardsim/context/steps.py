@@ -23,7 +23,7 @@ import numpy as np
 from ..array import ShardedArray
 from ..layout import Layout
 from . import kernels
-from .geometry import Geometry
+from .problem import Geometry
 
 
 @dataclass

@@ -33,7 +33,7 @@ from .efficiency import (
     MatmulEfficiency,
     resolve_efficiency,
 )
-from .estimate import Estimate, estimate, estimate_program, sweep
+from .estimator import Estimate, estimate, estimate_program, sweep
 from .hardware import Hardware, Switched, Torus
 from .placement import AxisLink, Placement, Route, default_topology, place, split_rings
 from .presets import get_hardware, hardware_names

@@ -24,7 +24,7 @@ from .._options import pairs
 from ..errors import ShardsimError
 from ..mesh import Mesh
 from .critical import critical_batch, scheme_mesh
-from .estimate import estimate, sweep
+from .estimator import estimate, sweep
 from .hardware import Hardware
 from .presets import get_hardware, hardware_names
 

@@ -28,7 +28,7 @@ from ..errors import ShardsimError
 from ..mesh import Mesh
 from .collectives import collective_time
 from .efficiency import Efficiency, resolve_efficiency
-from .estimate import Estimate, estimate, excess_terms
+from .estimator import Estimate, estimate, excess_terms
 from .hardware import Hardware
 from .placement import AxisLink, place
 from .presets import get_hardware

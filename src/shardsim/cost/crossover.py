@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .critical import critical_batch
-from .estimate import Estimate, sweep
+from .estimator import Estimate, sweep
 from .gantt import _pyplot
 from .hardware import Hardware
 from .presets import get_hardware

@@ -86,6 +86,8 @@ def scheme_program(
     if layers < 1:
         raise ShardsimError(f"layers must be at least 1, got {layers}")
     fresh = Mesh(dict(zip(mesh.axis_names, mesh.shape)))
+    for chip in np.argwhere(mesh.slowdown != 1.0):  # the cost model reads the slow chips off the mesh
+        fresh.slow(float(mesh.slowdown[tuple(chip)]), **dict(zip(mesh.axis_names, map(int, chip))))
     stack = () if layers == 1 else (layers,)
     params = {
         "w_in": ShapeDtype((*stack, d_model, d_ff), dtype),

@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -200,9 +200,16 @@ def build_timeline(
     prefetch: int = 1,
     title: str = "",
     efficiency: Efficiency = IDEAL,
+    mesh: Mesh | None = None,
 ) -> Timeline:
-    """Cost every step on ``hardware`` and schedule them (:func:`~shardsim.cost.schedule.schedule`)."""
+    """Cost every step on ``hardware`` and schedule them (:func:`~shardsim.cost.schedule.schedule`).
+
+    With ``mesh``, its slow chips (:meth:`~shardsim.Mesh.slow`) stretch every step they take
+    part in: a step runs on all its chips in lock step (SPMD), so it lasts as long as on its
+    slowest chip, a collective as long as its slowest group.
+    """
     groups = sorted({st.event.where for st in steps if st.event.where})
+    slowest = _slowest(mesh)
     costs: dict[tuple[Any, ...], _Cost | None] = {}
     per_step: list[_Cost | None] = []
     slots: list[Slot] = []
@@ -210,7 +217,7 @@ def build_timeline(
         e = st.event
         key = (e.op, e.axes, e.flops, e.hbm_bytes, e.array_bytes, e.received_bytes, e.dtype, e.where)
         if key not in costs:
-            costs[key] = _cost(e, hardware, placement, groups, efficiency)
+            costs[key] = _slowed(_cost(e, hardware, placement, groups, efficiency), slowest(e.where))
         cost = costs[key]
         per_step.append(cost)
         slots.append(Slot(None, (), 0.0) if cost is None else Slot(cost.stream, cost.links, cost.seconds))
@@ -256,7 +263,7 @@ def timeline_of(
     hw = get_hardware(hardware)
     placement = place(hw, mesh, links, topology=topology)
     eff = resolve_efficiency(hw, efficiency, placement.networks())
-    return build_timeline(trace_steps(trace), hw, placement, overlap=overlap, efficiency=eff)
+    return build_timeline(trace_steps(trace), hw, placement, overlap=overlap, efficiency=eff, mesh=mesh)
 
 
 @dataclass(frozen=True)
@@ -295,6 +302,38 @@ def _cost(
     if e.op == "host_transfer" and hardware.host_bandwidth:
         return _Cost("host" + suffix, links("host"), e.received_bytes / hardware.host_bandwidth, "bandwidth")
     return None
+
+
+def _slowest(mesh: Mesh | None) -> Callable[[str], float]:
+    """``where`` (an event's chips, ``""`` for all) -> the largest slowdown among those chips."""
+    if mesh is None:
+        return lambda where: 1.0
+    slow = mesh.slowdown
+    if (slow == 1.0).all():
+        return lambda where: 1.0
+
+    def factor(where: str) -> float:
+        index: list[int | slice] = [slice(None)] * len(mesh.shape)
+        for token in where.split(",") if where else []:
+            # "Z1": axis Z, index 1 (the longest axis name that leaves a valid index wins)
+            hits = [
+                (a, int(token[len(a) :]))
+                for a in mesh.axis_names
+                if token.startswith(a) and token[len(a) :].isdigit() and int(token[len(a) :]) < mesh.axis_size(a)
+            ]
+            if not hits:
+                return float(slow.max())  # "5 chips": not a coordinate, assume the slowest
+            a, i = max(hits, key=lambda h: len(h[0]))
+            index[mesh.axis_index(a)] = i
+        return float(slow[tuple(index)].max())
+
+    return factor
+
+
+def _slowed(cost: _Cost | None, factor: float) -> _Cost | None:
+    if cost is None or factor == 1.0:
+        return cost
+    return replace(cost, seconds=cost.seconds * factor, flops_s=cost.flops_s * factor, memory_s=cost.memory_s * factor)
 
 
 def _volume(e: Event) -> float:

@@ -14,7 +14,7 @@ from ..errors import ShardingError
 from ..mesh import Mesh
 from . import ddp, ep, fsdp, fsdp_tp, pp, tp, tp_sp, zero
 from .base import Ctx, Scheme
-from .run import StrategyResult, run
+from .runner import StrategyResult, run
 
 _REGISTRY: dict[str, Scheme] = {m.SCHEME.name: m.SCHEME for m in (ddp, fsdp, tp, fsdp_tp)}
 

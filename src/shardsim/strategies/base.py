@@ -4,7 +4,7 @@ A scheme module defines ``layouts(ctx)`` (the layout of ``x``, ``out`` and of ev
 parameter), ``forward(ctx, x, params)`` and ``backward(ctx, saved, dout, params)`` as the
 numbered steps of the seed, and one
 :class:`Scheme` tying them together. The plumbing that shards inputs, runs both passes
-and gathers results lives in :mod:`shardsim.strategies.run`, not in the scheme modules.
+and gathers results lives in :mod:`shardsim.strategies.runner`, not in the scheme modules.
 """
 
 from __future__ import annotations

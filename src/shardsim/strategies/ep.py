@@ -42,6 +42,7 @@ one per chip). Pass the same ``top_k``, ``capacity`` and ``groups`` to :func:`re
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -82,7 +83,7 @@ def token_axes(ctx: Ctx) -> tuple[str, ...]:
 def plan(ctx: Ctx, x: ShardedArray, experts: int) -> dict[str, int]:
     """``top_k``, groups per chip, tokens per group and the capacity, from the options."""
     o = ctx.options
-    k = int(o.get("top_k", 2))
+    k = _whole(o, "top_k", 2, 1)
     if not 1 <= k <= experts:
         raise ShardingError(f"top_k={k} must be between 1 and the number of experts {experts}")
     shards = x.mesh.axis_size(token_axes(ctx))
@@ -92,7 +93,7 @@ def plan(ctx: Ctx, x: ShardedArray, experts: int) -> dict[str, int]:
             f"a capacity holds per group of tokens: pass groups= (a multiple of the {shards} chips the tokens "
             f"are split over, e.g. groups={shards}) and the same groups to the reference, so both drop the same tokens"
         )
-    groups = int(groups or shards)
+    groups = _whole(o, "groups", shards, 1) if groups is not None else shards
     tokens = x.global_shape[0]
     if groups % shards or tokens % groups:
         raise ShardingError(
@@ -104,12 +105,22 @@ def plan(ctx: Ctx, x: ShardedArray, experts: int) -> dict[str, int]:
     if "capacity_factor" in o:
         capacity = _capacity_from_factor(o["capacity_factor"], k, per_group, experts)
     else:
-        capacity = int(o.get("capacity", per_group))  # a group's tokens: nothing can be dropped
+        capacity = _whole(o, "capacity", per_group, 1)  # default, a group's tokens: nothing is dropped
     return {"top_k": k, "groups": groups // shards, "per_group": per_group, "capacity": capacity}
+
+
+def _whole(options: Mapping[str, Any], name: str, default: int, least: int) -> int:
+    """Option ``name`` as a whole number of at least ``least``, or a ShardingError naming it."""
+    value = options.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ShardingError(f"option {name}={value!r}: {name} is a whole number of at least {least}")
+    return int(value)
 
 
 def _capacity_from_factor(factor: Any, top_k: int, per_group: int, experts: int) -> int:
     """``C = ceil(f · k · T_g / E)`` slots per expert per group."""
+    if isinstance(factor, bool) or not isinstance(factor, numbers.Real) or not 0 < float(factor) < math.inf:
+        raise ShardingError(f"option capacity_factor={factor!r}: a capacity factor is a positive finite number")
     return math.ceil(float(factor) * top_k * per_group / experts)
 
 

@@ -45,10 +45,10 @@ from ..errors import ShardingError
 from ..layout import Layout
 from ..mesh import Mesh
 from ..ops import cast
-from ..reshard import local_slice
+from ..resharding import local_slice
 from ..strategies import zero
 from ..strategies.base import Ctx, Grads, Params, Scheme
-from ..strategies.run import (
+from ..strategies.runner import (
     backward_stack,
     forward_stack,
     layer_of,

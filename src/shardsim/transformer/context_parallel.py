@@ -21,7 +21,7 @@ import numpy as np
 
 from ..array import ShapeDtype, ShardedArray, shard
 from ..context import AttentionSaved, balanced_order, context_attention, context_attention_backward
-from ..context.geometry import geometry
+from ..context.problem import geometry
 from ..mesh import Mesh
 from ..pieces import blockwise
 from .local import _per_chip

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _blocks, collectives
-from .array import ShardedArray, _parse, local_shape_of, read_only, shard
+from .array import ShardedArray, _parse, local_shape_of, read_only, require_array, require_mesh, shard
 from .errors import ChipFailureError, PartialSumError, ShapeError, ShardingError
 from .layout import Dim, Layout
 from .mesh import Mesh
@@ -95,12 +95,9 @@ def reshard(x: ShardedArray, layout: str | Layout, mesh: Mesh | None = None, lab
     >>> t.collectives(), v.layout
     ([('all_to_all', ('X', 'Y'))], Layout('[D, F_XY]'))
     """
-    if not isinstance(x, ShardedArray):
-        raise ShardingError(
-            f"reshard needs a ShardedArray, got {type(x).__name__}; use shardsim.shard for NumPy arrays"
-        )
-    if mesh is not None and not isinstance(mesh, Mesh):
-        raise ShardingError(f"reshard: mesh must be a shardsim.Mesh, got {type(mesh).__name__}")
+    require_array(x, "x", "reshard")
+    if mesh is not None:
+        require_mesh(mesh, "mesh", "reshard")
     if mesh is not None and mesh is not x.mesh:
         return _host_transfer(x, layout, mesh, label)
     target = _target(x, layout)
@@ -138,7 +135,7 @@ def plan_reshard(x: ShardedArray, layout: str | Layout) -> list[Step]:
     """The steps :func:`reshard` would run to move ``x`` to ``layout`` on its mesh (runs nothing).
 
     >>> import numpy as np, shardsim
-    >>> from shardsim.reshard import plan_reshard
+    >>> from shardsim.resharding import plan_reshard
     >>> x = shardsim.shard(np.zeros((8, 8), np.float32), shardsim.Mesh(X=2, Y=4), "B_X D")
     >>> [str(s) for s in plan_reshard(x, "[B, D_Y]")]
     ['slice(Y) -> [B_X, D_Y]', 'all_gather(X) -> [B, D_Y]']
@@ -146,7 +143,7 @@ def plan_reshard(x: ShardedArray, layout: str | Layout) -> list[Step]:
     [0, 32]
     """
     if not isinstance(x, ShardedArray):
-        raise ShardingError(f"plan_reshard needs a ShardedArray, got {type(x).__name__}")
+        require_array(x, "x", "plan_reshard")
     return _search(x.mesh, x.layout, _target(x, layout), x.global_shape, x.dtype.itemsize)
 
 
@@ -332,7 +329,7 @@ def local_slice(
     array([[4., 5.],
            [6., 7.]])
     """
-    axes_t = collectives._axes(x, axes)
+    axes_t = collectives._axes(x, axes, "local_slice")
     busy = [a for a in axes_t if a in x.layout.used_axes()]
     if busy:
         raise ShardingError(

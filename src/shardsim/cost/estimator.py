@@ -251,7 +251,8 @@ def estimate_program(
     layers = f"{program.layers} layer{'s' if program.layers > 1 else ''}"
     title = f"{program.scheme}, {layers} on {program.mesh}, {hardware.name}"
     tl = build_timeline(
-        program.steps, hardware, placement, overlap=overlap, prefetch=prefetch, title=title, efficiency=eff
+        program.steps, hardware, placement, overlap=overlap, prefetch=prefetch, title=title, efficiency=eff,
+        mesh=program.mesh,
     )
     return Estimate(
         scheme=program.scheme,
