@@ -4,7 +4,8 @@ The same program runs on data (small sizes, checked against the single-device re
 and on shape-only values (real sizes: every trace event and ledger entry, no arithmetic).
 It returns the loss, the gradients with the reference's keys, the trace, the mesh's ledger
 and, per layer, the bytes every chip stores for the backward pass: the ledger's live
-activations after the layer's forward minus before it.
+activations after the layer's forward minus before it. Under context parallelism (``cp > 1``)
+the sequence is put in its context-parallel order first (:mod:`.context_parallel`).
 
 >>> import numpy as np
 >>> from shardsim.models import TransformerConfig, reference
