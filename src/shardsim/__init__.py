@@ -19,6 +19,7 @@ from .errors import (
     CheckpointError,
     ChipFailureError,
     CollectiveError,
+    CommandLineError,
     ConfigError,
     CostModelError,
     DivisibilityError,
@@ -29,8 +30,10 @@ from .errors import (
     MatmulShardingError,
     MeshAxisError,
     MeshMismatchError,
+    ModelInputError,
     OutOfMemoryError,
     PartialSumError,
+    PlanError,
     ShapeError,
     ShapeOnlyError,
     ShardingError,
@@ -45,13 +48,17 @@ from .tracing import Trace, phase, trace
 if TYPE_CHECKING:  # loaded on first use (see __getattr__), named here for type checkers
     from . import checkpoint, cost, formulas, memory, mlp, models, moe, norm, pieces, pipeline, training
     from .pictures import show
+    from .plan import Plan
     from .strategies import run_strategy
     from .training import Trainer, train_step
+    from .transformer import run_model
 
 # Names whose modules load on first use, as NumPy and SciPy load their submodules: the
 # training loop, checkpoints and cost model pull in json, hashing and the schemes, which a
 # program that only shards and reduces never needs.
 _LAZY = {
+    "Plan": "plan",
+    "run_model": "transformer",
     "show": "pictures",
     "run_strategy": "strategies",
     "Trainer": "training",
@@ -88,6 +95,7 @@ __all__ = [
     "CheckpointError",
     "ChipFailureError",
     "CollectiveError",
+    "CommandLineError",
     "ConfigError",
     "CostModelError",
     "DivisibilityError",
@@ -100,8 +108,11 @@ __all__ = [
     "Mesh",
     "MeshAxisError",
     "MeshMismatchError",
+    "ModelInputError",
     "OutOfMemoryError",
     "PartialSumError",
+    "Plan",
+    "PlanError",
     "ShapeDtype",
     "ShapeError",
     "ShapeOnlyError",
@@ -132,6 +143,7 @@ __all__ = [
     "ppermute",
     "reduce_scatter",
     "reshard",
+    "run_model",
     "run_strategy",
     "shard",
     "show",

@@ -1,20 +1,22 @@
 """The ``shardsim`` command line: ``shardsim demo`` runs the seed's toy MLP through the schemes.
 
 Each subcommand is one function registered with :func:`subcommand`; its ``configure``
-function adds its options to its own parser. A new subcommand (``train``, ``estimate``,
-``sweep``...) is one more decorated function, nothing else::
+function adds its options to its own parser. A new subcommand is one more decorated
+function, nothing else::
 
-    def _sweep_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--chips", type=positive_int, default=8)
+    def _chips_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--mesh", type=mesh_type(), default={"X": 2, "Y": 4})
 
-    @subcommand("sweep", "try every mesh shape of N chips", configure=_sweep_options)
-    def sweep(args: argparse.Namespace) -> int:
+    @subcommand("chips", "list the chips of a mesh", configure=_chips_options)
+    def chips(args: argparse.Namespace) -> int:
         ...
         return 0
 
-A subcommand returns the exit code: 0 when all is well, 1 when a check failed. A
-:class:`~shardsim.ShardsimError` (a mesh that does not fit, sizes that do not divide, an
-unknown scheme) prints its message to stderr and exits 2, as argparse does for bad options.
+A subcommand returns the exit code: 0 when all is well, 1 when a check failed. Every error
+is one line on stderr and exit code 2, never a traceback: a bad option (argparse's message,
+with the flag), a :class:`~shardsim.ShardsimError` (a mesh that does not fit, sizes that do
+not divide, an unknown scheme, a run too big for the host), a file that cannot be written.
+Ctrl-C prints one line and exits 130.
 
 >>> main(["demo", "--scheme", "ddp", "--quiet"])
 ddp on Mesh(X=2): PASS
@@ -30,16 +32,18 @@ import sys
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from . import strategies
+from ._cli_args import LIMITS, check_host_memory, cli_words, count, mesh_type, seed
+from ._cli_output import add_output_options, matmul_labels, progress, write_csv, write_json
 from ._options import key_values, mesh_sizes, positive_int
-from .array import shard
+from .array import ShapeDtype, shard
 from .cost import cli as cost_cli
 from .dtypes import resolve_dtype, tolerance
-from .errors import MeshAxisError, ShardsimError
+from .errors import CommandLineError, MeshAxisError, ShardsimError
 from .memory import fmt_bytes
 from .mesh import Mesh
 from .pictures import _table, chip_lines
@@ -48,6 +52,22 @@ from .strategies.base import ROLE_DEFAULTS
 from .strategies.runner import run as run_scheme
 from .tracing import Event
 from .training import cli as train_cli
+
+__all__ = [
+    "LIMITS",
+    "DemoRun",
+    "build_parser",
+    "commands",
+    "count",
+    "key_values",
+    "main",
+    "mesh_sizes",
+    "mesh_type",
+    "positive_int",
+    "run_demo",
+    "seed",
+    "subcommand",
+]
 
 #: The schemes ``shardsim demo`` runs when none is named: the seed's four, in its order.
 SEED_SCHEMES = ("ddp", "fsdp", "tp", "fsdp_tp")
@@ -92,13 +112,32 @@ def commands() -> list[str]:
     return list(_COMMANDS)
 
 
+class UsageError(CommandLineError):
+    """A bad option or command, as argparse words it; ``prog`` is the (sub)command it is about."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser that raises :class:`UsageError` instead of printing usage and exiting,
+    so :func:`main` reports it as one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self.prog, f"{message} (see '{self.prog} --help')")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``shardsim`` parser with one sub-parser per registered subcommand."""
-    parser = argparse.ArgumentParser(
+    from . import __version__
+
+    parser = _Parser(
         prog="shardsim",
         description="Run sharded training schemes on a virtual mesh of NumPy chips and see every "
         "collective, byte and chip's memory.",
     )
+    parser.add_argument("--version", action="version", version=f"shardsim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for cmd in _COMMANDS.values():
         p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
@@ -109,21 +148,50 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line on ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
-    parser = build_parser()
+    """Run the command line on ``argv`` (default ``sys.argv[1:]``) and return the exit code.
+
+    Never raises: every error is one line on stderr and exit code 2; Ctrl-C exits 130.
+    """
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse has printed the usage and the error (or the help)
-        return int(e.code or 0)
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("shardsim: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    try:
+        args, extra = build_parser().parse_known_args(argv)
+        if extra:  # name the subcommand they were given to, not the top-level parser
+            prog = f"shardsim {args.command}"
+            raise UsageError(prog, f"unrecognized arguments: {' '.join(extra)} (see '{prog} --help')")
+    except UsageError as e:
+        return _fail(e.prog, str(e))
+    except SystemExit as e:  # --help and --version have printed and exit 0
+        return e.code if isinstance(e.code, int) else 0
+    prog = f"shardsim {args.command}"
     try:
         return int(args._run(args))
+    except UsageError as e:  # a subcommand's own parser (e.g. a --scheme list) refused a value
+        return _fail(e.prog, str(e))
     except ShardsimError as e:
-        print(f"shardsim {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(prog, str(e))
     except BrokenPipeError:  # the reader went away (``shardsim demo | head``): stop quietly
         with contextlib.suppress(OSError, ValueError):  # stdout may not be a file descriptor
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except OSError as e:  # a --png path in a missing folder, a read-only file...
+        where = f" {e.filename!r}" if e.filename else ""
+        return _fail(prog, f"cannot write{where}: {e.strerror or e}")
+    except MemoryError:
+        return _fail(prog, "the host ran out of memory; use smaller sizes, or a shape-only command (estimate)")
+    except Exception as e:  # a bug: still one line, and named as one
+        return _fail(prog, f"internal error {type(e).__name__}: {e} (please report this command line)")
+
+
+def _fail(prog: str, message: str) -> int:
+    print(f"{prog}: error: {cli_words(message)}", file=sys.stderr)
+    return 2
 
 
 # -- option types -----------------------------------------------------------------------------
@@ -180,10 +248,104 @@ def default_mesh(scheme: strategies.Scheme, chips: int = 2) -> tuple[Mesh, dict[
     return Mesh({a: chips for a in axes.values()}), axes
 
 
+def demo_mesh(
+    scheme: strategies.Scheme, mesh: Mapping[str, int] | None, axes: Mapping[str, str] | None
+) -> tuple[Mesh, dict[str, str] | None]:
+    """The mesh a demo runs on and the axes of its roles: ``mesh`` as given, or one axis of 2
+    chips per role, named as ``axes`` asks.
+
+    >>> demo_mesh(strategies.get("ddp"), None, {"data": "D"})
+    (Mesh(D=2), {'data': 'D'})
+    """
+    if axes is not None:  # the roles this scheme has (one --axes may serve several schemes)
+        axes = {role: axis for role, axis in axes.items() if role in scheme.roles} or None
+    if mesh is not None:
+        return Mesh(dict(mesh)), axes
+    the_mesh, chosen = default_mesh(scheme)
+    if axes is not None:  # name the default mesh's axes as asked
+        chosen.update(axes)
+        the_mesh = Mesh({axis: 2 for axis in chosen.values()})
+    return the_mesh, chosen
+
+
+def shape_only_run(
+    name: str,
+    mesh: Mesh,
+    params: Mapping[str, Any],
+    batch: int,
+    d_model: int,
+    dtype: Any,
+    *,
+    axes: Mapping[str, str] | None = None,
+    activation: str = "identity",
+    options: Mapping[str, Any] | None = None,
+) -> StrategyResult:
+    """The demo's run without data (:class:`~shardsim.ShapeDtype` values) on a fresh copy of
+    ``mesh``: its trace and each chip's ledger, in milliseconds and no bytes.
+
+    >>> r = shape_only_run("ddp", Mesh(X=2), {"w_in": ShapeDtype((4, 8)), "w_out": ShapeDtype((8, 4))}, 2, 4, "float32")
+    >>> r.out is None, int(r.memory["total"].max()) > 0
+    (True, True)
+    """
+    fresh = Mesh(dict(zip(mesh.axis_names, mesh.shape)))
+    shapes = {k: ShapeDtype(np.shape(v), getattr(v, "dtype", dtype)) for k, v in params.items()}
+    x = ShapeDtype((batch, d_model), dtype)
+    return strategies.run_strategy(name, fresh, shapes, x, x, activation=activation, axes=axes, **dict(options or {}))
+
+
+def default_batch(name: str, mesh: Mesh, params: Mapping[str, Any], d_model: int, dtype: Any, **kw: Any) -> int:
+    """The seed's 2 tokens, or the smallest power of two above it the scheme can lay out on
+    ``mesh`` (``dp_ep`` splits its tokens over X and Y: 4 on the default 2×2 mesh).
+
+    >>> default_batch("ddp", Mesh(X=2), {"w_in": np.zeros((4, 8)), "w_out": np.zeros((8, 4))}, 4, "float32")
+    2
+    >>> default_batch("ddp", Mesh(X=8), {"w_in": np.zeros((4, 8)), "w_out": np.zeros((8, 4))}, 4, "float32")
+    8
+    """
+    batch = SEED_SIZES["batch"]
+    for _ in range(12):
+        try:
+            shape_only_run(name, mesh, params, batch, d_model, dtype, **kw)
+            return batch
+        except ShardsimError:
+            batch *= 2
+    return SEED_SIZES["batch"]  # none lays out: the real run says why
+
+
+def check_options(scheme: strategies.Scheme, options: Mapping[str, Any]) -> None:
+    """Refuse an ``--option`` the scheme does not read, naming the ones it does.
+
+    >>> check_options(strategies.get("pp"), {"microbatchs": 2})
+    Traceback (most recent call last):
+    ...
+    shardsim.errors.CommandLineError: --option microbatchs: pp has no such option; its options: microbatches, schedule
+    """
+    for key, value in options.items():
+        if key not in scheme.options:
+            known = ", ".join(scheme.options) or "none"
+            raise CommandLineError(f"--option {key}: {scheme.name} has no such option; its options: {known}")
+        if key == "microbatches" and not (isinstance(value, int) and 1 <= value <= LIMITS["microbatches"]):
+            raise CommandLineError(
+                f"--option microbatches={value}: expected a whole number from 1 to {LIMITS['microbatches']:,}"
+            )
+
+
+def demo_need(result: StrategyResult, params: Mapping[str, Any], batch: int, d_model: int) -> int:
+    """Host bytes a demo needs: every chip's peak from the shape-only run's ledger, plus one
+    float64 copy of the global values (In, dOut, H and the weights) for the single-device
+    reference and the check: a bound from above (for ddp at B = 4M tokens it says 1.0 GiB; the
+    process's peak resident memory was 0.79 GiB)."""
+    chips = int(result.memory["total"].sum())
+    d_ff = max((np.shape(v)[-1] for v in params.values()), default=0)
+    weights = sum(int(np.prod(np.shape(v))) for v in params.values())
+    host = (2 * batch * d_model + batch * d_ff + weights) * 8
+    return chips + host
+
+
 def run_demo(
     name: str | strategies.Scheme,
     *,
-    batch: int = SEED_SIZES["batch"],
+    batch: int | None = None,
     d_model: int = SEED_SIZES["d_model"],
     d_ff: int = SEED_SIZES["d_ff"],
     mesh: Mapping[str, int] | None = None,
@@ -192,14 +354,17 @@ def run_demo(
     dtype: str = "float32",
     seed: int = 0,
     options: Mapping[str, Any] | None = None,
+    check_memory: bool = False,
     engine: str = "numpy",
 ) -> DemoRun:
     """Run scheme ``name`` forward and backward on the toy case and check it against its reference.
 
     The parameters come from the scheme's own ``init``, the expected values from its own
-    ``reference``; ``x`` and ``dout`` are ``[batch, d_model]`` normal draws. Without
-    ``mesh``, each of the scheme's roles gets its own axis of 2 chips. ``engine="jax"`` runs
-    it on JAX devices (:mod:`shardsim.engines.jax`).
+    ``reference``; ``x`` and ``dout`` are ``[batch, d_model]`` normal draws (``batch``
+    defaults to :func:`default_batch`). Without ``mesh``, each of the scheme's roles gets its
+    own axis of 2 chips. With ``check_memory``, a run the host has no memory for is refused
+    (:class:`~shardsim.CommandLineError`) before anything big is allocated. ``engine="jax"``
+    runs it on JAX devices (:mod:`shardsim.engines.jax`).
 
     >>> r = run_demo("tp")
     >>> r.ok, r.result.layouts["x"], str(r.result.mesh)
@@ -207,18 +372,23 @@ def run_demo(
     """
     scheme = name if isinstance(name, strategies.Scheme) else strategies.get(name)  # a user's scheme too
     dt = resolve_dtype(dtype)
-    if axes is not None:  # the roles this scheme has (one --axes may serve several schemes)
-        axes = {role: axis for role, axis in axes.items() if role in scheme.roles} or None
-    if mesh is None:
-        the_mesh, chosen = default_mesh(scheme)
-        if axes is not None:  # name the default mesh's axes as asked
-            chosen.update(axes)
-            the_mesh = Mesh({axis: 2 for axis in chosen.values()})
-        axes = chosen
-    else:
-        the_mesh = Mesh(dict(mesh))
+    the_mesh, axes = demo_mesh(scheme, mesh, axes)
     opts = dict(options or {})
+    kw: dict[str, Any] = dict(axes=axes, activation=activation, options=opts)
+    sizes = ",".join(f"{a}={n}" for a, n in zip(the_mesh.axis_names, the_mesh.shape))
+    too_big = (
+        f"use smaller --batch/--d-model/--d-ff, or see its bytes and time shape-only: shardsim estimate "
+        f"--scheme {name} --mesh {sizes} --batch {batch or SEED_SIZES['batch']} --d-model {d_model} --d-ff {d_ff}"
+    )
+    if check_memory:  # the host holds at least In, dOut, W_in and W_out: check them before init allocates
+        least = (2 * d_model * d_ff + 2 * (batch or 0) * d_model) * np.dtype(dt).itemsize
+        check_host_memory(least, f"{name} on {the_mesh}", too_big)
     params = scheme.init(d_model, d_ff, seed=seed, dtype=dtype)
+    if batch is None:
+        batch = default_batch(name, the_mesh, params, d_model, dt, **kw)
+    if check_memory:
+        need = demo_need(shape_only_run(name, the_mesh, params, batch, d_model, dt, **kw), params, batch, d_model)
+        check_host_memory(need, f"{name} on {the_mesh} with B={batch}", too_big)
     rng = np.random.default_rng(seed + 1)
     x = rng.standard_normal((batch, d_model)).astype(dt)
     dout = rng.standard_normal((batch, d_model)).astype(dt)
@@ -278,16 +448,18 @@ _OP_NAMES = {
 }
 
 
-def step_rows(events: Sequence[Event]) -> list[tuple[str, ...]]:
-    """One table row per event: number, step, axis, array, layout after, bytes sent and FLOPs per chip."""
-    rows = [("#", "step", "axis", "array", "layout after", "sent/chip", "FLOPs/chip")]
+def step_rows(events: Sequence[Event], labels: Mapping[int, str] | None = None) -> list[tuple[str, ...]]:
+    """One table row per event: number, step, axis, array, layout after, bytes sent and FLOPs per
+    chip; ``labels`` overrides an event's label by its index (the matmuls' transposes)."""
+    labels = labels or {}
+    rows: list[tuple[str, ...]] = [("#", "step", "axis", "array", "layout after", "sent/chip", "FLOPs/chip")]
     for i, e in enumerate(events, 1):
         rows.append(
             (
                 str(i),
                 _OP_NAMES.get(e.op, e.op),
                 "".join(e.axes) or "-",
-                e.label or "?",
+                labels.get(e.index, e.label) or "?",
                 e.after,
                 fmt_bytes(e.sent_bytes) if e.is_collective else "-",
                 f"{e.flops:,}" if e.flops else "-",
@@ -327,8 +499,12 @@ def render(run: DemoRun, *, dtype: str, activation: str) -> str:
     r, scheme = run.result, run.scheme
     roles = ", ".join(f"{role}={axis}" for role, axis in r.axes.items())
     b, d = run.inputs["x"].shape
-    f = run.inputs["w_in"].shape[1] if "w_in" in run.inputs else None
-    sizes = f"B={b} tokens, d_model={d}" + (f", d_ff={f}" if f is not None else "")
+    sizes = f"B={b} tokens, d_model={d}"
+    if "w_in" in run.inputs:  # [D, F], or a stack [L, D, F] (pipelines, experts): say so
+        w_in = run.inputs["w_in"]
+        sizes += f", d_ff={w_in.shape[-1]}"
+        if w_in.ndim > 2:
+            sizes += f", W_in {tuple(w_in.shape)}"
     out = [
         "=" * WIDTH,
         f"{r.scheme} on {r.mesh}  ({roles})",
@@ -346,6 +522,7 @@ def render(run: DemoRun, *, dtype: str, activation: str) -> str:
         out.append(f"  {label}{lay} {value.global_shape}")
         out.extend(chip_lines(value, width=WIDTH, indent="    "))
         del value
+    labels = matmul_labels(r.trace.events, r.mesh.axis_names)
     for phase in ("forward", "backward"):
         events = [e for e in r.trace if e.phase == phase]
         sent = sum(e.sent_bytes for e in events)
@@ -356,13 +533,13 @@ def render(run: DemoRun, *, dtype: str, activation: str) -> str:
             f"{phase.capitalize()}: {collectives} collectives, {fmt_bytes(sent)} sent and {flops:,} FLOPs per chip",
         ]
         if events:
-            out.append(_indent(_table(_right(step_rows(events), (5, 6)))))
+            out.append(_indent(_table(_right(step_rows(events, labels), (5, 6)))))
         else:
             out.append("  (no steps)")
     out += ["", "Peak memory per chip, by category (bytes above the start of the run):"]
     out.append(_indent(_table(_right(memory_rows(r), range(1, len(r.memory) + 1)))))
     out += ["", "Check against the single-device computation (scheme's reference):"]
-    rows = [("value", "max abs error", "tolerance", "")]
+    rows: list[tuple[str, ...]] = [("value", "max abs error", "tolerance", "")]
     rows += [(name, f"{err:.2e}", f"{tol:.2e}", "PASS" if ok else "FAIL") for name, err, tol, ok in run.checks]
     out.append(_indent(_table(rows)))
     out.append(f"  {r.scheme}: {'PASS' if run.ok else 'FAIL'}")
@@ -371,7 +548,7 @@ def render(run: DemoRun, *, dtype: str, activation: str) -> str:
 
 def summary_table(runs: Sequence[DemoRun]) -> str:
     """One row per scheme: mesh, bytes sent per chip forward and backward, peak per chip, check."""
-    rows = [("scheme", "mesh", "fwd sent/chip", "bwd sent/chip", "peak/chip", "check")]
+    rows: list[tuple[str, ...]] = [("scheme", "mesh", "fwd sent/chip", "bwd sent/chip", "peak/chip", "check")]
     for run in runs:
         r = run.result
         rows.append(
@@ -396,9 +573,10 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--mesh",
-        type=mesh_sizes,
+        type=mesh_type("chips"),
         metavar="X=2,Y=4",
-        help="one mesh for every scheme (default: 2 chips on one axis per role of the scheme)",
+        help=f"one mesh for every scheme, at most {LIMITS['chips']:,} chips "
+        "(default: 2 chips on one axis per role of the scheme)",
     )
     p.add_argument(
         "--axes",
@@ -406,9 +584,13 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
         metavar="data=X,model=Y",
         help="which mesh axis plays each role (default: the axes in order, or X for data and Y for model)",
     )
-    p.add_argument("--batch", type=positive_int, default=SEED_SIZES["batch"], help="tokens B (default: %(default)s)")
-    p.add_argument("--d-model", type=positive_int, default=SEED_SIZES["d_model"], help="D (default: %(default)s)")
-    p.add_argument("--d-ff", type=positive_int, default=SEED_SIZES["d_ff"], help="F (default: %(default)s)")
+    p.add_argument(
+        "--batch",
+        type=count("batch"),
+        help="tokens B (default: the seed's 2, or the smallest power of two the scheme lays out on the mesh)",
+    )
+    p.add_argument("--d-model", type=count("width"), default=SEED_SIZES["d_model"], help="D (default: %(default)s)")
+    p.add_argument("--d-ff", type=count("width"), default=SEED_SIZES["d_ff"], help="F (default: %(default)s)")
     p.add_argument("--activation", default="identity", help="identity, relu or gelu (default: %(default)s)")
     p.add_argument(
         "--dtype",
@@ -416,14 +598,14 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
         choices=("float32", "float64", "bfloat16"),
         help="dtype of weights and activations (default: %(default)s)",
     )
-    p.add_argument("--seed", type=int, default=0, help="random seed of weights and inputs (default: %(default)s)")
+    p.add_argument("--seed", type=seed, default=0, help="random seed of weights and inputs (default: %(default)s)")
     p.add_argument(
         "--option",
         action="append",
         default=[],
         type=key_values,
         metavar="KEY=VALUE",
-        help="a setting passed to the scheme and its reference (e.g. microbatches=2); repeatable",
+        help="a setting the scheme reads (e.g. microbatches=2 for pp; 'shardsim schemes' lists them); repeatable",
     )
     p.add_argument(
         "--engine",
@@ -432,6 +614,7 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
         help="run on the stacked NumPy engine or on JAX devices (needs shardsim[jax]) (default: %(default)s)",
     )
     p.add_argument("--quiet", action="store_true", help="print one PASS/FAIL line per scheme only")
+    add_output_options(p)
 
 
 @subcommand(
@@ -452,6 +635,8 @@ def demo(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {}
     for group in args.option:
         options.update({k: option_value(v) for k, v in group.items()})
+    for name in names:
+        check_options(strategies.get(name), options)
     if args.dtype == "bfloat16":
         resolve_dtype("bfloat16")  # a clear error now if ml_dtypes is missing
     # run everything first: a bad option then prints one error and nothing else
@@ -467,11 +652,16 @@ def demo(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             seed=args.seed,
             options=options,
+            check_memory=True,
             engine=args.engine,
         )
-        for name in names
+        for name in progress(names, len(names), "schemes", every=0)
     ]
-    if args.quiet:
+    if args.json:
+        write_json({"command": "demo", "ok": all(run.ok for run in runs), "schemes": [demo_record(r) for r in runs]})
+    elif args.csv:
+        write_csv([demo_row(run) for run in runs])
+    elif args.quiet:
         for run in runs:
             print(f"{run.result.scheme} on {run.result.mesh}: {'PASS' if run.ok else 'FAIL'}")
     else:
@@ -485,8 +675,53 @@ def demo(args: argparse.Namespace) -> int:
     return 0 if all(run.ok for run in runs) else 1
 
 
+def demo_row(run: DemoRun) -> dict[str, Any]:
+    """The summary table's row of one scheme, as numbers (``--csv``)."""
+    r = run.result
+    return {
+        "scheme": r.scheme,
+        "mesh": ",".join(f"{a}={n}" for a, n in zip(r.mesh.axis_names, r.mesh.shape)),
+        "batch": run.inputs["x"].shape[0],
+        "forward_sent_bytes": r.trace.total("sent_bytes", "forward"),
+        "backward_sent_bytes": r.trace.total("sent_bytes", "backward"),
+        "forward_flops": r.trace.total("flops", "forward"),
+        "backward_flops": r.trace.total("flops", "backward"),
+        "peak_bytes": int(r.memory["total"].max()),
+        "ok": run.ok,
+    }
+
+
+def demo_record(run: DemoRun) -> dict[str, Any]:
+    """One scheme's demo as plain data (``--json``; schema in ``docs/cli.md``)."""
+    r = run.result
+    labels = matmul_labels(r.trace.events, r.mesh.axis_names)
+    return {
+        **demo_row(run),
+        "mesh": dict(zip(r.mesh.axis_names, r.mesh.shape)),
+        "axes": dict(r.axes),
+        "shapes": {k: list(v.shape) for k, v in run.inputs.items()},
+        "layouts": dict(r.layouts),
+        "steps": [
+            {
+                "phase": e.phase,
+                "op": e.op,
+                "axes": list(e.axes),
+                "label": labels.get(e.index, e.label),
+                "layout": e.after,
+                "sent_bytes": e.sent_bytes,
+                "flops": e.flops,
+            }
+            for e in r.trace
+        ],
+        "peak_bytes_by_category": {c: int(v.max()) for c, v in r.memory.items()},
+        "checks": [
+            {"value": name, "max_abs_error": err, "tolerance": tol, "ok": ok} for name, err, tol, ok in run.checks
+        ],
+    }
+
+
 def _scheme_names(requested: Sequence[str] | None) -> list[str]:
-    if not requested:
+    if requested is None:
         return [n for n in SEED_SCHEMES if n in strategies.names()]
     names: list[str] = []
     for item in requested:
@@ -494,21 +729,24 @@ def _scheme_names(requested: Sequence[str] | None) -> list[str]:
             for n in strategies.names() if name == "all" else [strategies.get(name).name]:
                 if n not in names:
                     names.append(n)
+    if not names:
+        raise CommandLineError(f"--scheme {' '.join(requested)!r} names no scheme; e.g. --scheme ddp, or all")
     return names
 
 
 # -- shardsim schemes -------------------------------------------------------------------------
 
 
-@subcommand("schemes", "list the registered schemes, their roles and what each does")
+@subcommand("schemes", "list the registered schemes, their roles, what each does and the options it reads")
 def schemes(args: argparse.Namespace) -> int:
     """``shardsim schemes``: one line per registered scheme."""
     names = strategies.names()
     lead = max(len(n) for n in names) + max(len(",".join(strategies.get(n).roles)) for n in names) + 4
-    rows = [("scheme", "roles", "what it does")]
+    rows: list[tuple[str, ...]] = [("scheme", "roles", "what it does")]
     for name in names:
         s = strategies.get(name)
-        lines = textwrap.wrap(s.summary, max(30, WIDTH - lead))
+        text = s.summary + (f" (--option {', '.join(s.options)})" if s.options else "")
+        lines = textwrap.wrap(text, max(30, WIDTH - lead))
         rows.append((name, ",".join(s.roles), lines[0]))
         rows.extend(("", "", more) for more in lines[1:])
     print(_table(rows))

@@ -82,6 +82,8 @@ class CheckpointError(ShardsimError, OSError):
 
 class ConfigError(ShardsimError, ValueError):
     """A model configuration field out of range, or model inputs that do not fit the configuration."""
+
+
 class CostModelError(ShardsimError, ValueError):
     """Hardware, placement or efficiency figures the cost model cannot use as given."""
 
@@ -94,11 +96,26 @@ class EngineUnavailableError(ShardsimError, ImportError):
     """An engine whose library is not installed (``pip install 'shardsim[jax]'`` for the JAX engine)."""
 
 
+class CommandLineError(ShardsimError, ValueError):
+    """A command-line argument that is malformed, out of its documented range, or too big for the host."""
+
+
+class PlanError(ShardingError):
+    """A parallelisation plan that cannot be: an unknown key, a bad degree, two parallelisms on one
+    mesh axis, a plan that does not fit its mesh, or a combination ``run_model`` does not run."""
+
+
+class ModelInputError(ShardingError):
+    """Tokens or targets that do not fit the model under a plan: not ``[B, S]`` integers, outside
+    the vocabulary, or longer than ``cfg.seq``."""
+
+
 __all__ = [
     "ArgumentTypeError",
     "CheckpointError",
     "ChipFailureError",
     "CollectiveError",
+    "CommandLineError",
     "ConfigError",
     "CostModelError",
     "DivisibilityError",
@@ -109,8 +126,10 @@ __all__ = [
     "MatmulShardingError",
     "MeshAxisError",
     "MeshMismatchError",
+    "ModelInputError",
     "OutOfMemoryError",
     "PartialSumError",
+    "PlanError",
     "ShapeError",
     "ShapeOnlyError",
     "ShardingError",

@@ -156,7 +156,7 @@ def trace_table(t: Trace) -> str:
                 e.label or "?",
                 layout,
                 fmt_bytes(e.sent_bytes) if e.is_collective else "-",
-                f"{e.flops:.3g}" if e.flops else "-",
+                f"{e.flops:,}" if e.flops else "-",  # as the demo prints them: exact, 1,024
             )
         )
     return _table(rows)

@@ -1,7 +1,11 @@
-"""Command-line front ends of the cost model, for ``shardsim estimate`` and ``shardsim sweep``.
+"""Command-line front ends of the cost model: ``shardsim estimate``, ``sweep`` and ``critical``.
 
 Each pair is ``add_*_arguments(parser)`` (fills an argparse sub-parser) and ``cli_*(args)``
-(runs it, prints, returns an exit code): ``estimate``, ``sweep`` and ``critical``.
+(runs it, prints, returns an exit code). Every run is shape-only, so no size allocates
+anything; sizes, chips, layers and sweep points are still bounded (``docs/cli.md``,
+"Limits") so that no invocation runs for hours. ``--json`` and ``--csv`` print the
+numbers of the Python API (:func:`~shardsim.cost.estimate`, :func:`~shardsim.cost.sweep`,
+:func:`~shardsim.cost.critical_batch`) unformatted.
 
 >>> import argparse
 >>> p = argparse.ArgumentParser()
@@ -9,8 +13,9 @@ Each pair is ``add_*_arguments(parser)`` (fills an argparse sub-parser) and ``cl
 >>> cli_estimate(p.parse_args(["--scheme", "fsdp", "--hardware", "v5p", "--mesh", "X=16",
 ...                            "--per-chip-batch", "4096", "--width", "40"]))  # doctest: +ELLIPSIS
 fsdp on Mesh(X=16) (tpu-v5p), B=65536 tokens (4096/chip), D=8192, F=32768, 1 layer(s)
-step ... ms: compute ... ms, comm ... ms (hidden ..., exposed ...)
-MFU ...%, compute-bound; memory ... GB per chip of 96 GB
+step ... ms: compute ... ms, comm ... ms (under compute ..., exposed ...)
+MFU ...%, compute-bound: forward comm X ... ms <= FLOPs ... ms in the worst phase and axis
+memory ... GB per chip of 96 GB
 ...
 0
 """
@@ -19,27 +24,37 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+from typing import Any
 
-from .._options import pairs
-from ..errors import ShardsimError
+from .._cli_args import LIMITS, count, mesh_type
+from .._cli_output import add_output_options, write_csv, write_json
+from .._options import key_values
+from ..errors import CommandLineError
 from ..mesh import Mesh
-from .critical import critical_batch, scheme_mesh
-from .estimator import estimate, sweep
+from .critical import Critical, critical_batch, scheme_mesh
+from .estimator import Estimate, estimate, sweep
 from .hardware import Hardware
 from .presets import get_hardware, hardware_names
+
+COST_SCHEMES = ("ddp", "fsdp", "tp", "fsdp_tp")
 
 
 def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``shardsim estimate``."""
     _common(parser)
     parser.add_argument("--scheme", default="fsdp", help="ddp, fsdp, tp or fsdp_tp (default fsdp)")
-    parser.add_argument("--mesh", help="mesh axes, e.g. X=16 or X=64,Y=4 (default: --chips laid out for the scheme)")
-    parser.add_argument("--chips", type=int, default=16, help="chips when --mesh is not given (default 16)")
+    _mesh_options(parser, "mesh axes, e.g. X=16 or X=64,Y=4 (default: --chips laid out for the scheme)")
+    parser.add_argument(
+        "--chips", type=count("cost_chips"), default=16, help="chips when --mesh is not given (default 16)"
+    )
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--batch", type=int, help="global batch in tokens")
-    size.add_argument("--per-chip-batch", type=int, default=4096, help="tokens per chip (default 4096)")
+    size.add_argument("--batch", type=count("batch"), help="global batch in tokens")
+    size.add_argument("--per-chip-batch", type=count("batch"), default=4096, help="tokens per chip (default 4096)")
     parser.add_argument("--no-overlap", action="store_true", help="run communication and compute one after the other")
-    parser.add_argument("--width", type=int, default=100, help="width of the text time line")
+    parser.add_argument(
+        "--width", type=count("columns", low=20), default=100, help="width of the text time line (default 100)"
+    )
     parser.add_argument("--png", help="also save the time line as a PNG (needs shardsim[plot])")
     parser.add_argument("--breakdown", action="store_true", help="print the time of every collective")
     parser.add_argument("--critical", action="store_true", help="print the scheme's critical batch on this hardware")
@@ -49,66 +64,125 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         default="calibrated",
         help="calibrated: measured matmul and collective rates (default); ideal: the book's peak rates",
     )
+    add_output_options(parser)
 
 
 def cli_estimate(args: argparse.Namespace) -> int:
     """Run ``shardsim estimate``: summary, text time line, optional breakdown, PNG, critical batch."""
     hw = _hardware(args)
+    scheme = _scheme(args.scheme)
+    _check_png(args.png)
     if args.mesh:
-        mesh = parse_mesh(args.mesh)
-    elif args.scheme == "fsdp_tp":
-        raise ShardsimError("fsdp_tp needs --mesh X=...,Y=...")
+        mesh = Mesh(args.mesh)
+    elif scheme == "fsdp_tp":
+        raise CommandLineError("fsdp_tp needs --mesh X=...,Y=... (or 'shardsim sweep', which tries every split)")
     else:
-        mesh = scheme_mesh(args.scheme, args.chips)
+        mesh = scheme_mesh(scheme, args.chips)
     batch = args.batch if args.batch is not None else args.per_chip_batch * mesh.size
-    overlap = not args.no_overlap
-    est = estimate(
-        args.scheme, mesh, hw, batch, args.d_model, args.d_ff, args.layers, overlap, efficiency=args.efficiency
+    if batch > LIMITS["batch"]:
+        raise CommandLineError(f"--per-chip-batch x {mesh.size} chips is {batch:,} tokens; the limit is 2**34")
+    est = estimate(scheme, mesh, hw, batch, args.d_model, args.d_ff, args.layers, not args.no_overlap, links=args.links,
+                   efficiency=args.efficiency)
+    crit = (
+        critical_batch(scheme, hw, args.d_ff, d_model=args.d_model, mesh=mesh, links=args.links)
+        if args.critical
+        else None
     )
-    print(est.summary())
-    print(est.timeline.text(args.width))
-    if args.breakdown:
-        print(f"{'phase':<9}{'op':<15}{'axes':<5}{'label':<10}{'count':>6}{'ms':>10}{'exposed':>10}  limit")
-        for r in est.breakdown("collective"):
-            print(
-                f"{r['phase']:<9}{r['op']:<15}{r['axes']:<5}{r['label']:<10}{r['count']:>6}"
-                f"{r['seconds'] * 1e3:>10.4g}{r['exposed_s'] * 1e3:>10.4g}  {r['limit']}"
-            )
-    if args.critical:
-        print(critical_batch(args.scheme, hw, args.d_ff, d_model=args.d_model, mesh=mesh))
+    if args.json:
+        record = estimate_record(est)
+        record["collectives"] = est.breakdown("collective")
+        if crit is not None:
+            record["critical"] = critical_record(crit)
+        write_json(record)
+    elif args.csv:
+        write_csv(est.breakdown("collective") if args.breakdown else [estimate_record(est)])
+    else:
+        print(est.summary())
+        print(est.timeline.text(args.width))
+        if args.breakdown:
+            print(f"{'phase':<9}{'op':<15}{'axes':<5}{'label':<10}{'count':>6}{'ms':>10}{'exposed':>10}  limit")
+            for r in est.breakdown("collective"):
+                print(
+                    f"{r['phase']:<9}{r['op']:<15}{r['axes']:<5}{r['label']:<10}{r['count']:>6}"
+                    f"{r['seconds'] * 1e3:>10.4g}{r['exposed_s'] * 1e3:>10.4g}  {r['limit']}"
+                )
+        if crit is not None:
+            print(crit)
     if args.png:
-        est.timeline.plot(args.png)
-        print(f"wrote {args.png}")
+        _png(lambda: est.timeline.plot(args.png), args.png, quiet=args.json or args.csv)
     return 0
+
+
+def estimate_record(e: Estimate) -> dict[str, Any]:
+    """One estimate as plain numbers (``--json`` and ``--csv``; schema in ``docs/cli.md``)."""
+    return {
+        "scheme": e.scheme,
+        "hardware": e.hardware.name,
+        "mesh": ",".join(f"{a}={n}" for a, n in zip(e.mesh.axis_names, e.mesh.shape)),
+        "chips": e.chips,
+        "batch": e.batch,
+        "per_chip_batch": e.per_chip_batch,
+        "d_model": e.d_model,
+        "d_ff": e.d_ff,
+        "layers": e.layers,
+        "dtype": e.dtype,
+        "step_s": e.step_s,
+        "compute_s": e.compute_s,
+        "comm_s": e.comm_s,
+        "comm_hidden_s": e.comm_hidden_s,
+        "comm_under_compute_s": e.timeline.comm_under_compute_s,
+        "comm_exposed_s": e.comm_exposed_s,
+        "mfu": e.mfu,
+        "bound": e.bound,
+        "memory_bytes": e.memory.get("total", 0),
+        "hbm_bytes": e.hardware.hbm_capacity,
+        "fits": e.fits,
+    }
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``shardsim sweep``."""
     _common(parser)
-    parser.add_argument("--schemes", default="ddp,fsdp,tp,fsdp_tp", help="comma-separated schemes")
-    parser.add_argument("--chips", type=int, default=256, help="chips (default 256)")
+    parser.add_argument("--schemes", default=",".join(COST_SCHEMES), help="comma-separated schemes")
+    parser.add_argument("--chips", type=count("cost_chips"), default=256, help="chips (default 256)")
     parser.add_argument(
         "--batches", default="64:65536:12", help="per-chip batches: a list 512,1024 or lo:hi:count (log-spaced)"
     )
     parser.add_argument("--png", help="save the crossover plot (MFU and step time vs batch) as a PNG")
+    add_output_options(parser)
 
 
 def cli_sweep(args: argparse.Namespace) -> int:
     """Run ``shardsim sweep``: a table of step time and MFU per scheme and per-chip batch."""
     hw = _hardware(args)
-    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    schemes = [_scheme(s.strip()) for s in args.schemes.split(",") if s.strip()]
+    if not schemes:
+        raise CommandLineError(f"--schemes {args.schemes!r} names no scheme; e.g. --schemes ddp,fsdp")
     batches = parse_batches(args.batches)
+    points = len(schemes) * len(batches)
+    if points > LIMITS["sweep_points"]:
+        raise CommandLineError(
+            f"{len(schemes)} schemes x {len(batches)} batches is {points:,} estimates; the limit is "
+            f"{LIMITS['sweep_points']:,}: fewer --batches (lo:hi:count) or --schemes"
+        )
+    if max(batches) * args.chips > LIMITS["batch"]:
+        raise CommandLineError(f"--batches {max(batches):,} x {args.chips} chips is past the 2**34-token limit")
+    _check_png(args.png)
     rows = sweep(schemes, hw, batches, args.d_model, args.d_ff, chips=args.chips, layers=args.layers)
-    print(f"{hw.name}, {args.chips} chips, D={args.d_model}, F={args.d_ff}, {args.layers} layer(s)")
-    print(f"{'scheme':<9}{'tokens/chip':>12}{'mesh':>20}{'step ms':>11}{'MFU':>8}  bound")
-    for e in rows:
-        mesh = ",".join(f"{a}={n}" for a, n in zip(e.mesh.axis_names, e.mesh.shape))
-        print(f"{e.scheme:<9}{e.per_chip_batch:>12g}{mesh:>20}{e.step_s * 1e3:>11.4g}{e.mfu:>8.1%}  {e.bound}")
+    if args.json:
+        write_json({"hardware": hw.name, "chips": args.chips, "rows": [estimate_record(e) for e in rows]})
+    elif args.csv:
+        write_csv([estimate_record(e) for e in rows])
+    else:
+        print(f"{hw.name}, {args.chips} chips, D={args.d_model}, F={args.d_ff}, {args.layers} layer(s)")
+        print(f"{'scheme':<9}{'tokens/chip':>12}{'mesh':>20}{'step ms':>11}{'MFU':>8}  bound")
+        for e in rows:
+            mesh = ",".join(f"{a}={n}" for a, n in zip(e.mesh.axis_names, e.mesh.shape))
+            print(f"{e.scheme:<9}{e.per_chip_batch:>12g}{mesh:>20}{e.step_s * 1e3:>11.4g}{e.mfu:>8.1%}  {e.bound}")
     if args.png:
         from .crossover import crossover_png
 
-        crossover_png({hw.name: rows}, args.png)
-        print(f"wrote {args.png}")
+        _png(lambda: crossover_png({hw.name: rows}, args.png), args.png, quiet=args.json or args.csv)
     return 0
 
 
@@ -116,8 +190,11 @@ def add_critical_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``shardsim critical``."""
     _common(parser)
     parser.add_argument("--scheme", default="fsdp", help="ddp, fsdp, tp or fsdp_tp (default fsdp)")
-    parser.add_argument("--mesh", help="a fixed mesh, e.g. X=16 (default: --chips laid out for the scheme)")
-    parser.add_argument("--chips", type=int, help="chips (default: a ring of 16 TPUs or a node of 8 GPUs)")
+    _mesh_options(parser, "a fixed mesh, e.g. X=16 (default: --chips laid out for the scheme)")
+    parser.add_argument(
+        "--chips", type=count("cost_chips"), help="chips (default: a ring of 16 TPUs or a node of 8 GPUs)"
+    )
+    add_output_options(parser, table=False)
 
 
 def cli_critical(args: argparse.Namespace) -> int:
@@ -131,8 +208,13 @@ def cli_critical(args: argparse.Namespace) -> int:
     0
     """
     hw = _hardware(args)
-    mesh = parse_mesh(args.mesh) if args.mesh else None
-    c = critical_batch(args.scheme, hw, args.d_ff, d_model=args.d_model, chips=args.chips, mesh=mesh)
+    mesh = Mesh(args.mesh) if args.mesh else None
+    c = critical_batch(
+        _scheme(args.scheme), hw, args.d_ff, d_model=args.d_model, chips=args.chips, mesh=mesh, links=args.links
+    )
+    if args.json:
+        write_json(critical_record(c))
+        return 0
     print(c)
     for y, b in c.splits.items():  # fsdp_tp: every split tried
         shown = "communication-bound at every batch" if math.isinf(b) else f"{b:.1f} tokens per chip"
@@ -140,44 +222,109 @@ def cli_critical(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_mesh(text: str) -> Mesh:
-    """``"X=64,Y=4"`` → ``Mesh(X=64, Y=4)``.
-
-    >>> parse_mesh("X=64, Y=4")
-    Mesh(X=64, Y=4)
-    """
-    axes = {}
-    for name, _, size in pairs(text):
-        if not size.isdigit():
-            raise ShardsimError(f"mesh {text!r}: write axes as NAME=SIZE separated by commas, e.g. X=64,Y=4")
-        axes[name] = int(size)
-    return Mesh(axes)
+def critical_record(c: Critical) -> dict[str, Any]:
+    """A critical batch as plain numbers; ``per_chip_batch`` is null when never compute-bound."""
+    return {
+        "scheme": c.scheme,
+        "hardware": c.hardware,
+        "mesh": ",".join(f"{a}={n}" for a, n in zip(c.mesh.axis_names, c.mesh.shape)),
+        "per_chip_batch": c.per_chip_batch,
+        "closed_form": c.closed_form,
+        "x_opt": c.x_opt,
+        "bandwidth": c.bandwidth,
+        "splits": {f"X={c.mesh.size // y},Y={y}": b for y, b in c.splits.items()},
+    }
 
 
 def parse_batches(text: str) -> list[int]:
-    """``"512,1024"`` or ``"lo:hi:count"`` (log-spaced integers, duplicates dropped).
+    """``"512,1024"`` or ``"lo:hi:count"`` (log-spaced integers, duplicates dropped); every
+    batch a whole number of at least 1, at most 1,000 of them.
 
     >>> parse_batches("100:10000:3")
     [100, 1000, 10000]
+    >>> parse_batches("1:2")
+    Traceback (most recent call last):
+    ...
+    shardsim.errors.CommandLineError: --batches '1:2': write lo:hi:count (e.g. 64:65536:12) or a list 512,1024
     """
+    usage = f"--batches {text!r}: write lo:hi:count (e.g. 64:65536:12) or a list 512,1024"
+    limit = LIMITS["sweep_points"]
     if ":" in text:
-        lo, hi, count = (float(v) for v in text.split(":"))
-        n = max(2, int(count))
-        values = [round(math.exp(math.log(lo) + i * (math.log(hi) - math.log(lo)) / (n - 1))) for i in range(n)]
+        try:
+            lo, hi, n = (float(v) for v in text.split(":"))
+        except ValueError:
+            raise CommandLineError(usage) from None
+        if not (math.isfinite(lo) and math.isfinite(hi) and 1 <= lo <= hi <= LIMITS["batch"]):
+            raise CommandLineError(f"{usage}, with 1 <= lo <= hi <= 2**34")
+        if not (n == int(n) and 2 <= n <= limit):
+            raise CommandLineError(f"{usage}, with a count from 2 to {limit:,}")
+        steps = int(n) - 1
+        values = [round(math.exp(math.log(lo) + i * (math.log(hi) - math.log(lo)) / steps)) for i in range(steps + 1)]
         return sorted(dict.fromkeys(max(1, v) for v in values))
-    return [int(v) for v in text.split(",") if v.strip()]
+    items = [v.strip() for v in text.split(",") if v.strip()]
+    if not 1 <= len(items) <= limit:
+        raise CommandLineError(f"{usage}: 1 to {limit:,} batches")
+    batches = []
+    for item in items:
+        try:
+            b = int(item)
+        except ValueError:
+            raise CommandLineError(f"{usage}: {item!r} is not a whole number") from None
+        if not 1 <= b <= LIMITS["batch"]:
+            raise CommandLineError(f"{usage}: every batch from 1 to 2**34 tokens per chip, got {b}")
+        batches.append(b)
+    return batches
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", default="tpu-v5p", help=f"one of {', '.join(hardware_names())} (default tpu-v5p)")
-    parser.add_argument("--d-model", type=int, default=8192, help="d_model (default 8192)")
-    parser.add_argument("--d-ff", type=int, default=32768, help="d_ff (default 32768)")
-    parser.add_argument("--layers", type=int, default=1, help="layers (default 1)")
+    parser.add_argument("--d-model", type=count("width"), default=8192, help="d_model (default 8192)")
+    parser.add_argument("--d-ff", type=count("width"), default=32768, help="d_ff (default 32768)")
+    parser.add_argument("--layers", type=count("cost_layers"), default=1, help="layers (default 1)")
     parser.add_argument(
         "--exact-rings", action="store_true", help="keep (N-1)/N on every ring (default: the book's V/W)"
     )
 
 
+def _mesh_options(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--mesh", type=mesh_type("cost_chips"), metavar="X=16,Y=4", help=help)
+    parser.add_argument(
+        "--links",
+        type=key_values,
+        metavar="X=dcn",
+        help="the hardware network each mesh axis runs on (default: the fastest that holds it)",
+    )
+
+
+def _scheme(name: str) -> str:
+    """A registered scheme's name, or the registry's error naming the known ones."""
+    from .. import strategies
+
+    return strategies.get(name).name
+
+
 def _hardware(args: argparse.Namespace) -> Hardware:
     hw = get_hardware(args.hardware)
     return hw.with_(ring="exact") if args.exact_rings else hw
+
+
+def _check_png(path: str | None) -> None:
+    """Refuse a ``--png`` that cannot be written before any work is done."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CommandLineError(f"--png {path!r}: the folder {folder!r} does not exist")
+    if os.path.isdir(path):
+        raise CommandLineError(f"--png {path!r} is a folder; give a file name, e.g. {os.path.join(path, 'out.png')}")
+
+
+def _png(draw: Any, path: str, *, quiet: bool) -> None:
+    try:
+        draw()
+    except ImportError as e:
+        raise CommandLineError(f"--png: {e}") from None
+    except (OSError, ValueError) as e:
+        raise CommandLineError(f"--png {path!r}: {getattr(e, 'strerror', None) or e}") from None
+    if not quiet:
+        print(f"wrote {path}")

@@ -130,19 +130,39 @@ class Estimate:
             raise ValueError(f"breakdown by {by!r}: use 'collective', 'layer' or 'event'")
         return tables[by](self.timeline)
 
+    def bound_reason(self) -> str:
+        """The numbers :attr:`bound` decides on, in words: the phase and mesh axis whose
+        collectives come closest to (or past) its matmuls' FLOPs time, or the HBM time.
+
+        >>> from shardsim import Mesh
+        >>> estimate("ddp", Mesh(X=8), "h100", 8 * 4096, 8192, 32768).bound_reason()  # doctest: +ELLIPSIS
+        'backward comm X ... ms <= FLOPs ... ms in the worst phase and axis'
+        """
+        terms = excess_terms(self.phases)
+        if self.bound == "memory" or not terms:
+            memory = sum(p["memory"] for p in self.phases.values())
+            flops = sum(p["flops"] for p in self.phases.values())
+            sign = ">" if memory > flops else "<="
+            return f"matmul HBM traffic {_ms(memory)} ms {sign} FLOPs {_ms(flops)} ms"
+        (phase, link), excess = max(terms.items(), key=lambda kv: kv[1])
+        flops = self.phases[phase]["flops"]
+        sign = ">" if excess > 0 else "<="
+        return f"{phase} {link} {_ms(excess + flops)} ms {sign} FLOPs {_ms(flops)} ms in the worst phase and axis"
+
     def summary(self) -> str:
-        """A few lines: step, compute, comm (hidden/exposed), MFU, bound, memory."""
-        ms = 1e3
+        """A few lines: step, compute, comm (under compute / behind other comm / exposed), MFU,
+        what bounds the step and the numbers that say so, memory."""
         mem = self.memory.get("total", 0) / 1e9
         cap = self.hardware.hbm_capacity / 1e9
+        parts = self.timeline.comm_parts()
+        comm = ", ".join(f"{k} {_ms(v)}" for k, v in parts.items() if v or k != "behind other comm")
         return "\n".join(
             [
                 f"{self.scheme} on {self.mesh} ({self.hardware.name}), B={self.batch} tokens "
                 f"({self.per_chip_batch:g}/chip), D={self.d_model}, F={self.d_ff}, {self.layers} layer(s)",
-                f"step {self.step_s * ms:.4g} ms: compute {self.compute_s * ms:.4g} ms, comm {self.comm_s * ms:.4g} ms "
-                f"(hidden {self.comm_hidden_s * ms:.4g}, exposed {self.comm_exposed_s * ms:.4g})",
-                f"MFU {self.mfu:.1%}, {self.bound}-bound; memory {mem:.3g} GB per chip of {cap:.3g} GB"
-                + ("" if self.fits else " (does not fit)"),
+                f"step {_ms(self.step_s)} ms: compute {_ms(self.compute_s)} ms, comm {_ms(self.comm_s)} ms ({comm})",
+                f"MFU {self.mfu:.1%}, {self.bound}-bound: {self.bound_reason()}",
+                f"memory {mem:.3g} GB per chip of {cap:.3g} GB" + ("" if self.fits else " (does not fit)"),
                 self.efficiency.describe(),
                 *(
                     f"padded {k} {a} -> {b} (a multiple of the {self.chips} chips, as FSDP pads its parameters)"
@@ -268,6 +288,11 @@ def estimate_program(
         phases=tl.phase_totals(),
         efficiency=eff,
     )
+
+
+def _ms(seconds: float) -> str:
+    """Seconds as milliseconds, four significant digits."""
+    return f"{seconds * 1e3:.4g}"
 
 
 def comm_excess(phases: Mapping[str, Mapping[str, float]]) -> float:

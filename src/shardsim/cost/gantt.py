@@ -2,18 +2,18 @@
 
 Text: one row per stream. Compute cells show ``f``/``F`` (forward matmul) or ``b``/``B``
 (backward), the case alternating from one op to the next; communication cells show ``=``
-while the compute stream is busy (hidden) and ``#`` while it waits (exposed).
+while the compute stream is busy (under compute) and ``#`` while it waits (exposed).
 
 >>> from shardsim import Mesh
 >>> from shardsim.cost import estimate
 >>> est = estimate("fsdp", Mesh(X=16), "tpu-v5p", 16 * 2048, 8192, 32768, layers=2, efficiency="ideal")
 >>> print(est.timeline.text(width=60))  # doctest: +NORMALIZE_WHITESPACE
 fsdp, 2 layers on Mesh(X=16), tpu-v5p: step 38.2 ms
-compute 28.7 ms, comm 35.8 ms: hidden 26.3, exposed 9.44
+compute 28.7 ms, comm 35.8 ms: 26.3 under compute, 9.44 exposed
            0                                        38.2 ms
 compute    ....fffFFFFfff.FFFbbb.BBBbbb.BBBbbb..BBBbbb.BBB.
 comm X     ####==========#   ===#======#======##======#===#
-           f/F forward, b/B backward matmul; = hidden, # exposed communication
+           f/F forward, b/B backward matmul; = under compute, # exposed communication
 
 The PNG needs matplotlib: ``pip install 'shardsim[plot]'``.
 """
@@ -45,9 +45,9 @@ def gantt_text(tl: Timeline, width: int = 100) -> str:
     step = tl.step_s
     scale, unit = _unit(step)
     lines = [tl.title + f": step {_num(step * scale)} {unit}" if tl.title else f"step {_num(step * scale)} {unit}"]
+    parts = ", ".join(f"{_num(v * scale)} {k}" for k, v in tl.comm_parts().items() if v or k != "behind other comm")
     lines.append(
-        f"compute {_num(tl.compute_s * scale)} {unit}, comm {_num(tl.comm_s * scale)} {unit}: "
-        f"hidden {_num(tl.comm_hidden_s * scale)}, exposed {_num(tl.comm_exposed_s * scale)}"
+        f"compute {_num(tl.compute_s * scale)} {unit}, comm {_num(tl.comm_s * scale)} {unit}: {parts}"
         + ("" if tl.overlap else " (no overlap)")
     )
     if step <= 0:
@@ -71,7 +71,7 @@ def gantt_text(tl: Timeline, width: int = 100) -> str:
             else:
                 row.append("=" if any(cs.at(t) is not None for cs in computes) else "#")
         lines.append(f"{name[:10]:<11}" + "".join(row))
-    lines.append(" " * 11 + "f/F forward, b/B backward matmul; = hidden, # exposed communication")
+    lines.append(" " * 11 + "f/F forward, b/B backward matmul; = under compute, # exposed communication")
     return "\n".join(lines)
 
 

@@ -78,7 +78,11 @@ class Ctx:
 
 @dataclass(frozen=True)
 class Scheme:
-    """One sharding scheme: name, roles of its mesh axes, layouts and the two passes."""
+    """One sharding scheme: name, roles of its mesh axes, layouts and the two passes.
+
+    ``options`` names the settings its steps read from ``ctx.options`` (the command line
+    refuses any other ``--option``).
+    """
 
     name: str
     roles: tuple[str, ...]
@@ -89,6 +93,7 @@ class Scheme:
     check_shapes: Callable[[Mapping[str, Any], Any, Any], None] | None = None
     init: Callable[..., dict[str, np.ndarray]] = mlp.init
     reference: Callable[..., tuple[np.ndarray, dict[str, np.ndarray]]] = None  # type: ignore[assignment]
+    options: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.reference is None:

@@ -292,6 +292,7 @@ SCHEMES = (
         summary="mixture of experts, experts split over Y: AllToAll tokens to their experts and back",
         init=moe.init,
         reference=reference,
+        options=("top_k", "groups", "capacity", "capacity_factor"),
     ),
     Scheme(
         "dp_ep",
@@ -303,5 +304,6 @@ SCHEMES = (
         summary="data parallel over X x expert parallel over Y: tokens over both, experts over Y",
         init=moe.init,
         reference=reference,
+        options=("top_k", "groups", "capacity", "capacity_factor"),
     ),
 )

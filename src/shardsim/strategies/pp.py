@@ -229,6 +229,7 @@ def _scheme(name: str, roles: tuple[str, ...], lay: Any, fwd: Any, summary: str,
         summary=summary,
         init=kw.get("init", init),
         reference=reference,
+        options=("microbatches", "schedule"),
     )
 
 

@@ -196,5 +196,6 @@ SCHEMES = (
         summary="tensor + sequence parallel: LN and residual on S/t tokens; AllGather in, ReduceScatter out",
         init=norm.init,
         reference=reference,
+        options=("regather",),
     ),
 )

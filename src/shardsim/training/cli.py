@@ -5,8 +5,15 @@ it for a few steps from the same start; the command prints the loss per step (th
 under every scheme, and the same as plain single-device NumPy), then each chip's memory by
 category next to the ZeRO closed forms, and the bytes each chip sent per step.
 
+The check tells two failures apart: a scheme whose losses differ from single-device
+training is a sharding mismatch (``FAIL``); a loss that becomes non-finite or ends above
+where it started, on one device as under the schemes, is a learning rate too high for the
+sizes (``DIVERGED``, with a lower rate to try). The default rate (:func:`default_lr`)
+converges for the default sizes and well above them.
+
 :func:`add_train_arguments` configures an ``argparse`` parser; :func:`train_command` runs it
-and returns the exit code (0 when every scheme matched the single-device losses, 1 if not).
+and returns the exit code (0 when every scheme matched the single-device losses and they
+fell, 1 if not).
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser()
@@ -27,7 +34,9 @@ from typing import Any
 import numpy as np
 
 from .. import formulas, mlp, strategies
-from .._options import positive_int
+from .._cli_args import check_host_memory, count, positive_float, seed
+from .._cli_output import add_output_options, progress, write_csv, write_json
+from ..array import ShapeDtype
 from ..dtypes import eps, tolerance
 from ..mesh import Mesh
 from . import optim
@@ -47,16 +56,21 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"scheme to train under (repeatable; default: {' '.join(DEFAULT_SCHEMES)})",
     )
-    parser.add_argument("--chips", type=positive_int, default=4, help="chips per mesh (default 4)")
-    parser.add_argument("--layers", type=positive_int, default=2, help="MLP blocks in the stack (default 2)")
-    parser.add_argument("--batch", type=positive_int, default=8, help="batch size B (default 8)")
-    parser.add_argument("--d-model", type=positive_int, default=16, help="model width D (default 16)")
-    parser.add_argument("--d-ff", type=positive_int, default=32, help="hidden width F (default 32)")
-    parser.add_argument("--steps", type=positive_int, default=4, help="training steps (default 4)")
+    parser.add_argument("--chips", type=count("chips"), default=4, help="chips per mesh (default 4)")
+    parser.add_argument("--layers", type=count("layers"), default=2, help="MLP blocks in the stack (default 2)")
+    parser.add_argument("--batch", type=count("batch"), default=8, help="batch size B (default 8)")
+    parser.add_argument("--d-model", type=count("width"), default=16, help="model width D (default 16)")
+    parser.add_argument("--d-ff", type=count("width"), default=32, help="hidden width F (default 32)")
+    parser.add_argument("--steps", type=count("steps"), default=4, help="training steps (default 4)")
     parser.add_argument(
         "--optimizer", choices=["sgd", "momentum", "adam", "adamw"], default="adam", help="(default adam)"
     )
-    parser.add_argument("--lr", type=float, default=1e-2, help="learning rate (default 0.01)")
+    parser.add_argument(
+        "--lr",
+        type=positive_float,
+        help="learning rate (default: 0.1 for sgd and momentum; 0.05 / sqrt(max(D, F) * max(L, 2) / 2) for "
+        "adam and adamw, 0.0088 at the default sizes)",
+    )
     parser.add_argument(
         "--precision",
         choices=["fp32", "fp64", "bf16", "fp16"],
@@ -68,8 +82,22 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--activation", choices=["identity", "relu", "gelu"], default="gelu", help="(default gelu)")
     parser.add_argument("--residual", action="store_true", help="each block adds its input")
     parser.add_argument("--recompute", action="store_true", help="keep block inputs only; recompute in backward")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="random seed (default 0)")
     parser.add_argument("--quiet", action="store_true", help="print one PASS/FAIL line per scheme only")
+    add_output_options(parser)
+
+
+def default_lr(optimizer: str, d_model: int, d_ff: int, layers: int) -> float:
+    """A learning rate that converges on the teacher problem: Adam moves every weight by about
+    ``lr`` a step whatever its gradient, and the weights are ``1/sqrt(width)`` in size, so its
+    rate shrinks with the width (and with depth past two blocks); SGD's step is the gradient's.
+
+    >>> round(default_lr("adam", 16, 32, 2), 4), default_lr("sgd", 16, 32, 2)
+    (0.0088, 0.1)
+    """
+    if optimizer in ("adam", "adamw"):
+        return float(f"{0.05 / math.sqrt(max(d_model, d_ff) * max(layers, 2) / 2):.2g}")
+    return 0.1
 
 
 def train_command(args: argparse.Namespace) -> int:
@@ -80,41 +108,119 @@ def train_command(args: argparse.Namespace) -> int:
     for name in names:
         strategies.get(name)  # unknown names fail before any work
     precision = Precision.of(args.precision, reduce=args.reduce_dtype)
+    check_train_memory(names, args.chips, args.layers, args.batch, args.d_model, args.d_ff)
     params, x, target = problem(args.layers, args.batch, args.d_model, args.d_ff, args.seed)
-    opt = optim.get(args.optimizer, lr=args.lr)
+    lr = args.lr if args.lr is not None else default_lr(args.optimizer, args.d_model, args.d_ff, args.layers)
+    opt = optim.get(args.optimizer, lr=lr)
     options: dict[str, Any] = dict(
         precision=precision, activation=args.activation, residual=args.residual, recompute=args.recompute
     )
-    want = reference_losses(params, x, target, opt, args.steps, args.activation, args.residual)
+    with np.errstate(over="ignore", invalid="ignore"):  # a diverging run is reported, not warned about
+        want = reference_losses(params, x, target, opt, args.steps, args.activation, args.residual)
     tol = loss_tolerance(precision, args.layers, args.batch, args.d_model, args.d_ff, args.steps)
     runs: dict[str, tuple[Mesh, list[StepResult]]] = {}
-    ok = True
+    verdicts: dict[str, str] = {}
     for name in names:
         mesh = mesh_for(name, args.chips)
         trainer = Trainer(name, mesh, params, opt, **options)
-        results = [trainer.step(x, target) for _ in range(args.steps)]
+        with np.errstate(over="ignore", invalid="ignore"):
+            results = [trainer.step(x, target) for _ in progress(range(args.steps), args.steps, f"{name} steps")]
         runs[name] = (mesh, results)
-        got = np.array([r.loss for r in results])
-        passed = bool(np.all(np.abs(got - want) <= tol * np.abs(want)))
-        ok &= passed
-        if args.quiet:
-            print(f"{name} on {mesh}: {'PASS' if passed else 'FAIL'}")
-    if not args.quiet:
+        verdicts[name] = verdict(np.array([r.loss for r in results]), want, tol)
+        if args.quiet and not (args.json or args.csv):
+            print(f"{name} on {mesh}: {verdicts[name]}")
+    advice = diverged_advice(want, lr, args)
+    if args.json:
+        write_json(train_record(args, lr, precision, want, tol, runs, verdicts))
+    elif args.csv:
+        write_csv(
+            [
+                {"scheme": name, "mesh": _mesh_text(mesh), "step": i + 1, "loss": r.loss, "reference": want[i]}
+                for name, (mesh, results) in runs.items()
+                for i, r in enumerate(results)
+            ]
+        )
+    elif not args.quiet:
         n = args.layers * 2 * args.d_model * args.d_ff
         print(
             f"Training a {args.layers}-block MLP stack (B={args.batch}, D={args.d_model}, F={args.d_ff}; "
-            f"{n:,} parameters) to fit a random teacher stack: {args.optimizer}, lr {args.lr:g}, "
+            f"{n:,} parameters) to fit a random teacher stack: {args.optimizer}, lr {lr:g}, "
             f"{precision}, {args.activation}{', residual' if args.residual else ''}"
             f"{', recompute' if args.recompute else ''}.\n"
         )
-        print(loss_table(runs, want, tol))
+        print(loss_table(runs, want, tol, verdicts))
         print()
         print(memory_table(runs, n, precision, opt.name))
-    return 0 if ok else 1
+    if advice and not (args.json or args.csv):
+        print(advice)
+    return 0 if all(v == "PASS" for v in verdicts.values()) else 1
+
+
+def diverged(losses: np.ndarray) -> bool:
+    """A loss that is not finite, or ends above where it started.
+
+    >>> diverged(np.array([1.0, 0.5])), diverged(np.array([1.0, 2.0])), diverged(np.array([1.0, np.nan]))
+    (False, True, True)
+    """
+    return bool(not np.all(np.isfinite(losses)) or (len(losses) > 1 and losses[-1] > losses[0]))
+
+
+def verdict(got: np.ndarray, want: np.ndarray, tol: float) -> str:
+    """``PASS``; ``DIVERGED`` when the loss diverges (the rate, not the sharding); ``FAIL`` when
+    the losses differ from single-device training by more than ``tol`` (a sharding mismatch).
+
+    >>> verdict(np.array([1.0, 0.5]), np.array([1.0, 0.5]), 1e-6)
+    'PASS'
+    >>> verdict(np.array([1.0, 3.0]), np.array([1.0, 3.0]), 1e-6)
+    'DIVERGED'
+    >>> verdict(np.array([1.0, 0.6]), np.array([1.0, 0.5]), 1e-6)
+    'FAIL'
+    """
+    if diverged(got) or diverged(want):
+        return "DIVERGED"
+    return "PASS" if relative_error(got, want) <= tol else "FAIL"
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """The largest ``|got - want| / |want|`` over the steps (inf when not finite)."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        err = np.abs(got - want) / np.abs(want)
+    return float(np.max(err)) if np.all(np.isfinite(err)) else math.inf
+
+
+def diverged_advice(want: np.ndarray, lr: float, args: argparse.Namespace) -> str:
+    """What to do when single-device training itself diverges, or "" when it does not."""
+    if not diverged(want):
+        return ""
+    how = "became non-finite" if not np.all(np.isfinite(want)) else f"rose from {want[0]:.4g} to {want[-1]:.4g}"
+    return (
+        f"DIVERGED: the loss {how} on one device as well, so the sharding is not at fault: learning rate "
+        f"{lr:g} is too high for these sizes; try --lr {lr / 10:g}"
+    )
+
+
+def check_train_memory(names: Sequence[str], chips: int, layers: int, batch: int, d_model: int, d_ff: int) -> None:
+    """Refuse, before anything is allocated, a run the host has no memory for: the student and
+    teacher stacks and the float64 reference, then each scheme's chips, their peak read from a
+    shape-only run's ledger plus float32 optimizer state and master weights on every chip."""
+    weights = layers * 2 * d_model * d_ff
+    alternative = (
+        "use smaller --layers/--d-model/--d-ff/--batch/--chips, or see a step's bytes and time shape-only: "
+        f"shardsim estimate --d-model {d_model} --d-ff {d_ff} --layers {layers}"
+    )
+    host = 4 * 2 * weights + 8 * 4 * weights + 8 * 4 * batch * (d_model + d_ff) * layers
+    check_host_memory(host, "this training run", alternative)
+    shapes = {"w_in": ShapeDtype((layers, d_model, d_ff)), "w_out": ShapeDtype((layers, d_ff, d_model))}
+    for name in names:
+        mesh = mesh_for(name, chips)
+        r = strategies.run_strategy(name, mesh, shapes, ShapeDtype((batch, d_model)), ShapeDtype((batch, d_model)))
+        check_host_memory(host + int(r.memory["total"].sum()) + 4 * 4 * weights * mesh.size, name, alternative)
 
 
 # -- the problem and its single-device answer ---------------------------------------------------
-def problem(layers: int, batch: int, d_model: int, d_ff: int, seed: int = 0) -> tuple[dict[str, np.ndarray], ...]:
+def problem(
+    layers: int, batch: int, d_model: int, d_ff: int, seed: int = 0
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """``(params, x, target)``: a student stack and a teacher stack's outputs on random inputs.
 
     >>> p, x, y = problem(2, 4, 8, 16)
@@ -180,17 +286,66 @@ def mesh_for(name: str, chips: int) -> Mesh:
 
 
 # -- tables ------------------------------------------------------------------------------------
-def loss_table(runs: dict[str, tuple[Mesh, list[StepResult]]], want: np.ndarray, tol: float) -> str:
+def loss_table(
+    runs: dict[str, tuple[Mesh, list[StepResult]]], want: np.ndarray, tol: float, verdicts: dict[str, str]
+) -> str:
     """Loss per step under every scheme, with the single-device row and a verdict."""
     steps = len(want)
     rows = [("scheme", "mesh", *(f"step {i + 1}" for i in range(steps)), "vs 1 device")]
-    rows.append(("1 device", "-", *(f"{v:.6f}" for v in want), f"tol {tol:.1e}"))
+    rows.append(("1 device", "-", *(f"{v:.6g}" for v in want), f"tol {tol:.1e}"))
     for name, (mesh, results) in runs.items():
         got = np.array([r.loss for r in results])
-        worst = float(np.max(np.abs(got - want) / np.abs(want)))
-        verdict = f"{worst:.1e} {'PASS' if worst <= tol else 'FAIL'}"
-        rows.append((name, repr(mesh).removeprefix("Mesh"), *(f"{v:.6f}" for v in got), verdict))
+        rows.append(
+            (name, _mesh_text(mesh), *(f"{v:.6g}" for v in got), f"{relative_error(got, want):.1e} {verdicts[name]}")
+        )
     return "Loss per step (mean squared error before each update)\n" + _table(rows)
+
+
+def _mesh_text(mesh: Mesh) -> str:
+    return repr(mesh).removeprefix("Mesh")
+
+
+def train_record(
+    args: argparse.Namespace,
+    lr: float,
+    precision: Precision,
+    want: np.ndarray,
+    tol: float,
+    runs: dict[str, tuple[Mesh, list[StepResult]]],
+    verdicts: dict[str, str],
+) -> dict[str, Any]:
+    """The run as plain data (``--json``; schema in ``docs/cli.md``)."""
+    schemes = []
+    for name, (mesh, results) in runs.items():
+        r = results[-1]
+        chip0 = (0,) * len(mesh.shape)
+        got = np.array([s.loss for s in results])
+        schemes.append(
+            {
+                "scheme": name,
+                "mesh": dict(zip(mesh.axis_names, mesh.shape)),
+                "losses": got.tolist(),
+                "max_relative_error": relative_error(got, want),
+                "verdict": verdicts[name],
+                "model_state_bytes": {c: int(r.model_state[c][chip0]) for c in CATEGORIES},
+                "peak_bytes": int(r.memory["total"][chip0]),
+                "sent_bytes_per_step": sum(
+                    r.trace.total("sent_bytes", phase=p) for p in ("forward", "backward", "optimizer")
+                ),
+            }
+        )
+    return {
+        "command": "train",
+        "sizes": {"layers": args.layers, "batch": args.batch, "d_model": args.d_model, "d_ff": args.d_ff},
+        "optimizer": args.optimizer,
+        "lr": lr,
+        "precision": str(precision),
+        "steps": args.steps,
+        "reference_losses": want.tolist(),
+        "tolerance": tol,
+        "ok": all(v == "PASS" for v in verdicts.values()),
+        "schemes": schemes,
+    }
 
 
 def memory_table(
@@ -198,7 +353,7 @@ def memory_table(
 ) -> str:
     """Chip 0's bytes by category when the backward pass ends, the closed form, peaks and traffic."""
     header = ("scheme", "stage", *CATEGORIES, "model state", "formula", "activations", "peak total", "sent/step")
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     try:
         name = precision.formula_name
     except ValueError:

@@ -1,0 +1,190 @@
+"""Argument types, limits and the host-memory check of the ``shardsim`` command line.
+
+Every number the command line reads goes through one of these types, so ``0``, negative
+sizes, non-numbers and sizes past a documented limit (:data:`LIMITS`, listed in
+``docs/cli.md``) are refused at the door with the flag's name, before any work or
+allocation. A run that holds real data is also checked against the host's free memory
+(:func:`check_host_memory`) before anything is allocated.
+
+>>> steps = count("steps")
+>>> steps("12")
+12
+>>> steps("0")
+Traceback (most recent call last):
+...
+argparse.ArgumentTypeError: expected a whole number from 1 to 10,000, got 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import math
+import os
+import re
+from collections.abc import Callable
+
+from ._options import key_values
+from .errors import CommandLineError
+from .memory import fmt_bytes
+
+#: The largest value each bounded argument accepts. Chips and sizes that hold real data
+#: (``demo``, ``train``) are bounded tighter than the shape-only cost commands'.
+LIMITS: dict[str, int] = {
+    "chips": 4096,  # demo, train: every chip holds NumPy blocks
+    "cost_chips": 65536,  # estimate, sweep, critical: shape-only
+    "batch": 2**34,  # tokens; with the widths below, no byte count nears 2**63
+    "width": 2**24,  # d_model, d_ff
+    "layers": 256,  # train
+    "cost_layers": 1024,  # estimate, sweep, critical
+    "steps": 10_000,  # train
+    "microbatches": 1024,  # pipeline schemes' --option microbatches
+    "sweep_points": 1000,  # sweep: schemes x batches
+    "columns": 1000,  # estimate --width
+}
+#: The share of the host's available memory a run may plan to use.
+HOST_FRACTION = 0.75
+#: Seeds NumPy accepts as one 32-bit word.
+SEED_MAX = 2**32 - 1
+
+
+def _whole(text: str) -> int:
+    """``text`` as a whole number, or an :class:`argparse.ArgumentTypeError` quoting it."""
+    try:
+        return int(text.strip())
+    except (ValueError, AttributeError):
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def count(limit: str, low: int = 1) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` to ``LIMITS[limit]``.
+
+    >>> count("chips")("8")
+    8
+    """
+    high = LIMITS[limit]
+
+    def parse(text: str) -> int:
+        n = _whole(text)
+        if not low <= n <= high:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {low:,} to {high:,}, got {n}")
+        return n
+
+    parse.__name__ = limit  # argparse names the type in some messages
+    return parse
+
+
+def seed(text: str) -> int:
+    """An argparse type: a random seed, a whole number from 0 to 2**32 - 1.
+
+    >>> seed("7")
+    7
+    """
+    n = _whole(text)
+    if not 0 <= n <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to {SEED_MAX:,}, got {n}")
+    return n
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0 (a learning rate).
+
+    >>> positive_float("1e-3")
+    0.001
+    """
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(x) and x > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number above 0, got {text!r}")
+    return x
+
+
+def mesh_type(limit: str = "chips") -> Callable[[str], dict[str, int]]:
+    """An argparse type: ``X=2,Y=4`` as ``{"X": 2, "Y": 4}``, every size at least 1 and at most
+    ``LIMITS[limit]`` chips in all.
+
+    >>> mesh_type()("X=2, Y=4")
+    {'X': 2, 'Y': 4}
+    """
+    high = LIMITS[limit]
+
+    def parse(text: str) -> dict[str, int]:
+        sizes = {}
+        for axis, size in key_values(text).items():
+            try:
+                sizes[axis] = int(size)
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"mesh axis {axis!r} needs a whole-number size, got {size!r} (write e.g. X=2,Y=4)"
+                ) from None
+            if sizes[axis] < 1:
+                raise argparse.ArgumentTypeError(f"mesh axis {axis!r} needs at least 1 chip, got {size}")
+        chips = math.prod(sizes.values())
+        if chips > high:
+            raise argparse.ArgumentTypeError(f"{text!r} is {chips:,} chips; the limit is {high:,}")
+        return sizes
+
+    parse.__name__ = "mesh"
+    return parse
+
+
+# -- the host's memory ------------------------------------------------------------------------
+def available_memory() -> int | None:
+    """Bytes the host can still allocate: ``MemAvailable`` of ``/proc/meminfo``, else the free
+    physical pages (``os.sysconf``), else None (unknown: no check)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_host_memory(need: int, what: str, alternative: str) -> None:
+    """Refuse a run that needs more than :data:`HOST_FRACTION` of the available memory.
+
+    >>> check_host_memory(1024, "this run", "use smaller sizes")
+    >>> check_host_memory(2**80, "this run", "use smaller sizes")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    shardsim.errors.CommandLineError: this run needs about ... of host memory and ... is available; use smaller sizes
+    """
+    free = available_memory()
+    if free is not None and need > HOST_FRACTION * free:
+        raise CommandLineError(
+            f"{what} needs about {fmt_bytes(need)} of host memory and {fmt_bytes(free)} is available; {alternative}"
+        )
+
+
+# -- messages in the command line's words -----------------------------------------------------
+_KEYWORD = re.compile(r"\b(axes|links)=(\{[^{}]*\})")
+
+
+def cli_words(message: str) -> str:
+    """A library message with its Python keyword arguments spelt as the flags that set them,
+    on one line.
+
+    >>> cli_words("map an axis to another network, e.g. links={'X': 'dcn'}")
+    'map an axis to another network, e.g. --links X=dcn'
+    >>> cli_words("or pass axes={'data': <axis>}")
+    'or pass --axes data=AXIS'
+    """
+
+    def flag(m: re.Match[str]) -> str:
+        text = m.group(2).replace("<axis>", "'AXIS'")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return f"--{m.group(1)} NAME=VALUE"
+        if not isinstance(value, dict):
+            return m.group(0)
+        return f"--{m.group(1)} " + ",".join(f"{k}={v}" for k, v in value.items())
+
+    return " ".join(_KEYWORD.sub(flag, message).split())
