@@ -37,7 +37,17 @@ from typing import Any, NoReturn
 import numpy as np
 
 from . import strategies
-from ._cli_args import LIMITS, check_host_memory, cli_words, count, mesh_type, seed
+from ._cli_args import (
+    LIMITS,
+    add_chrome_trace_option,
+    check_host_memory,
+    check_output_path,
+    cli_words,
+    count,
+    mesh_type,
+    seed,
+    write_chrome_trace_option,
+)
 from ._cli_output import add_output_options, matmul_labels, progress, write_csv, write_json
 from ._options import key_values, mesh_sizes, positive_int
 from .array import ShapeDtype, shard
@@ -592,6 +602,7 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
         help="a setting the scheme reads (e.g. microbatches=2 for pp; 'shardsim schemes' lists them); repeatable",
     )
     p.add_argument("--quiet", action="store_true", help="print one PASS/FAIL line per scheme only")
+    add_chrome_trace_option(p, "each scheme's trace")
     add_output_options(p)
 
 
@@ -617,6 +628,7 @@ def demo(args: argparse.Namespace) -> int:
         check_options(strategies.get(name), options)
     if args.dtype == "bfloat16":
         resolve_dtype("bfloat16")  # a clear error now if ml_dtypes is missing
+    check_output_path("--chrome-trace", args.chrome_trace)
     # run everything first: a bad option then prints one error and nothing else
     runs = [
         run_demo(
@@ -649,6 +661,8 @@ def demo(args: argparse.Namespace) -> int:
         print(summary_table(runs))
         failed = [run.result.scheme for run in runs if not run.ok]
         print("all checks PASS" if not failed else f"FAIL: {', '.join(failed)}")
+    traces = {run.result.scheme: run.result.trace for run in runs}
+    write_chrome_trace_option(traces, args.chrome_trace, quiet=args.json or args.csv or args.quiet)
     return 0 if all(run.ok for run in runs) else 1
 
 
