@@ -279,7 +279,7 @@ def demo_mesh(
 
 
 def shape_only_run(
-    name: str,
+    name: str | strategies.Scheme,
     mesh: Mesh,
     params: Mapping[str, Any],
     batch: int,
@@ -300,10 +300,13 @@ def shape_only_run(
     fresh = Mesh(dict(zip(mesh.axis_names, mesh.shape)))
     shapes = {k: ShapeDtype(np.shape(v), getattr(v, "dtype", dtype)) for k, v in params.items()}
     x = ShapeDtype((batch, d_model), dtype)
-    return strategies.run_strategy(name, fresh, shapes, x, x, activation=activation, axes=axes, **dict(options or {}))
+    scheme = name if isinstance(name, strategies.Scheme) else strategies.get(name)  # a user's scheme too
+    return run_scheme(scheme, fresh, shapes, x, x, activation=activation, axes=axes, **dict(options or {}))
 
 
-def default_batch(name: str, mesh: Mesh, params: Mapping[str, Any], d_model: int, dtype: Any, **kw: Any) -> int:
+def default_batch(
+    name: str | strategies.Scheme, mesh: Mesh, params: Mapping[str, Any], d_model: int, dtype: Any, **kw: Any
+) -> int:
     """The seed's 2 tokens, or the smallest power of two above it the scheme can lay out on
     ``mesh`` (``dp_ep`` splits its tokens over X and Y: 4 on the default 2×2 mesh).
 
@@ -393,9 +396,9 @@ def run_demo(
         check_host_memory(least, f"{name} on {the_mesh}", too_big)
     params = scheme.init(d_model, d_ff, seed=seed, dtype=dtype)
     if batch is None:
-        batch = default_batch(name, the_mesh, params, d_model, dt, **kw)
+        batch = default_batch(scheme, the_mesh, params, d_model, dt, **kw)
     if check_memory:
-        need = demo_need(shape_only_run(name, the_mesh, params, batch, d_model, dt, **kw), params, batch, d_model)
+        need = demo_need(shape_only_run(scheme, the_mesh, params, batch, d_model, dt, **kw), params, batch, d_model)
         check_host_memory(need, f"{name} on {the_mesh} with B={batch}", too_big)
     rng = np.random.default_rng(seed + 1)
     x = rng.standard_normal((batch, d_model)).astype(dt)
