@@ -56,7 +56,7 @@ from .dtypes import resolve_dtype, tolerance
 from .errors import CommandLineError, MeshAxisError, ShardsimError
 from .memory import fmt_bytes
 from .mesh import Mesh
-from .pictures import _table, chip_lines
+from .pictures import _table, chip_lines, step_labels
 from .strategies import StrategyResult
 from .strategies.base import ROLE_DEFAULTS
 from .strategies.runner import run as run_scheme
@@ -447,8 +447,9 @@ _OP_NAMES = {
 
 def step_rows(events: Sequence[Event], labels: Mapping[int, str] | None = None) -> list[tuple[str, ...]]:
     """One table row per event: number, step, axis, array, layout after, bytes sent and FLOPs per
-    chip; ``labels`` overrides an event's label by its index (the matmuls' transposes)."""
-    labels = labels or {}
+    chip; ``labels`` overrides an event's label by its index (the matmuls' transposes), and an
+    unnamed value is named after the step that made it (:func:`~shardsim.pictures.step_labels`)."""
+    names = step_labels(events, labels)
     rows: list[tuple[str, ...]] = [("#", "step", "axis", "array", "layout after", "sent/chip", "FLOPs/chip")]
     for i, e in enumerate(events, 1):
         rows.append(
@@ -456,7 +457,7 @@ def step_rows(events: Sequence[Event], labels: Mapping[int, str] | None = None) 
                 str(i),
                 _OP_NAMES.get(e.op, e.op),
                 "".join(e.axes) or "-",
-                labels.get(e.index, e.label) or "?",
+                names[e.index],
                 e.after,
                 fmt_bytes(e.sent_bytes) if e.is_collective else "-",
                 f"{e.flops:,}" if e.flops else "-",
