@@ -28,8 +28,10 @@ from .errors import (
     MatmulShardingError,
     MeshAxisError,
     MeshMismatchError,
+    ModelInputError,
     OutOfMemoryError,
     PartialSumError,
+    PlanError,
     ShapeError,
     ShapeOnlyError,
     ShardingError,
@@ -44,13 +46,17 @@ from .tracing import Trace, phase, trace
 if TYPE_CHECKING:  # loaded on first use (see __getattr__), named here for type checkers
     from . import checkpoint, cost, formulas, memory, mlp, models, moe, norm, pieces, pipeline, training
     from .pictures import show
+    from .plan import Plan
     from .strategies import run_strategy
     from .training import Trainer, train_step
+    from .transformer import run_model
 
 # Names whose modules load on first use, as NumPy and SciPy load their submodules: the
 # training loop, checkpoints and cost model pull in json, hashing and the schemes, which a
 # program that only shards and reduces never needs.
 _LAZY = {
+    "Plan": "plan",
+    "run_model": "transformer",
     "show": "pictures",
     "run_strategy": "strategies",
     "Trainer": "training",
@@ -98,8 +104,11 @@ __all__ = [
     "Mesh",
     "MeshAxisError",
     "MeshMismatchError",
+    "ModelInputError",
     "OutOfMemoryError",
     "PartialSumError",
+    "Plan",
+    "PlanError",
     "ShapeDtype",
     "ShapeError",
     "ShapeOnlyError",
@@ -130,6 +139,7 @@ __all__ = [
     "ppermute",
     "reduce_scatter",
     "reshard",
+    "run_model",
     "run_strategy",
     "shard",
     "show",

@@ -92,6 +92,16 @@ class CommandLineError(ShardsimError, ValueError):
     """A command-line argument that is malformed, out of its documented range, or too big for the host."""
 
 
+class PlanError(ShardingError):
+    """A parallelisation plan that cannot be: an unknown key, a bad degree, two parallelisms on one
+    mesh axis, a plan that does not fit its mesh, or a combination ``run_model`` does not run."""
+
+
+class ModelInputError(ShardingError):
+    """Tokens or targets that do not fit the model under a plan: not ``[B, S]`` integers, outside
+    the vocabulary, or longer than ``cfg.seq``."""
+
+
 __all__ = [
     "ArgumentTypeError",
     "CheckpointError",
@@ -106,8 +116,10 @@ __all__ = [
     "MatmulShardingError",
     "MeshAxisError",
     "MeshMismatchError",
+    "ModelInputError",
     "OutOfMemoryError",
     "PartialSumError",
+    "PlanError",
     "ShapeError",
     "ShapeOnlyError",
     "ShardingError",

@@ -1,0 +1,165 @@
+"""The checks run before a step: the plan fits the mesh, the model fits the plan, the inputs fit the model.
+
+Each failure names the culprit and the fix:
+
+>>> from shardsim.models import TransformerConfig
+>>> from shardsim.plan import Plan
+>>> cfg = TransformerConfig(layers=1, d_model=8, heads=2, d_ff=16, vocab=10, seq=4)
+>>> try:
+...     check_model(cfg, Plan(tp=4), 4)
+... except DivisibilityError as e:
+...     print(str(e)[:56])
+heads=2 does not divide by tp=4 (the model axis 'model')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..array import ShapeDtype
+from ..errors import DivisibilityError, ModelInputError, PlanError, ShapeError
+from ..mesh import Mesh
+from ..models import TransformerConfig
+from ..plan import Plan
+
+
+def check_plan(plan: Plan, mesh: Mesh) -> None:
+    plan.check(mesh)
+    if plan.ep > 1:
+        raise PlanError(
+            f"run_model runs data, ZeRO/FSDP, tensor, sequence, context and pipeline parallelism; "
+            f"ep={plan.ep} is not part of it yet: set ep=1"
+        )
+    if plan.cp > 1 and plan.pp > 1:
+        raise PlanError(
+            f"run_model does not yet pipeline a context-parallel model (cp={plan.cp}, pp={plan.pp}): set pp=1 or cp=1"
+        )
+
+
+def check_model(cfg: TransformerConfig, plan: Plan, seq: int, *, dropout_on: bool = False) -> None:
+    """Every dimension the plan splits divides by its axis' size (``dropout_on``: the step drops)."""
+    t = plan.tp
+    ax = f"tp={t} (the model axis {plan.model_axis!r})"
+    for what, n in (("heads", cfg.heads), ("d_ff", cfg.d_ff), ("vocab", cfg.vocab)):
+        if n % t:
+            fix = " (Megatron pads the vocabulary to a multiple of 128*tp)" if what == "vocab" else ""
+            raise DivisibilityError(f"{what}={n} does not divide by {ax}; choose tp dividing {n}{fix}")
+    if cfg.n_kv % t and t % cfg.n_kv:
+        raise DivisibilityError(
+            f"kv_heads={cfg.n_kv} and {ax} do not divide one another. Megatron splits the KV heads over the "
+            f"model axis when tp divides kv_heads, and replicates each KV head on tp/kv_heads chips when "
+            f"kv_heads divides tp; use tp in {_kv_degrees(cfg)}"
+        )
+    if plan.sp and seq % t:
+        raise DivisibilityError(f"sequence length {seq} does not divide by {ax} for sequence parallelism (sp)")
+    if plan.cp > 1:
+        _check_context(cfg, plan, seq, dropout_on)
+    if plan.zero == 3 and plan.dp > 1 and cfg.d_model % plan.dp:
+        raise DivisibilityError(
+            f"d_model={cfg.d_model} does not divide by dp={plan.dp}: ZeRO-3 / FSDP splits every weight's D "
+            "over the data axis"
+        )
+
+
+def _check_context(cfg: TransformerConfig, plan: Plan, seq: int, dropout_on: bool) -> None:
+    """The sequence splits evenly over the context axis (in 2·cp chunks when balanced, times tp under SP)."""
+    c = plan.cp
+    ax = f"cp={c} (the context axis {plan.context_axis!r})"
+    chunks = 2 * c if plan.cp_balanced else c
+    if seq % chunks:
+        how = f"2*cp = {chunks} chunks for the balanced (zigzag) split" if plan.cp_balanced else f"{c} blocks"
+        fits = [chunks * m for m in range(max(1, seq // chunks), max(1, seq // chunks) + 3)]
+        raise DivisibilityError(
+            f"sequence length {seq} does not divide into {how} of {ax}; use a length in {fits}"
+            + (" or cp_balanced=false (contiguous blocks)" if plan.cp_balanced and seq % c == 0 else "")
+        )
+    if plan.sp and seq % (c * plan.tp):
+        raise DivisibilityError(
+            f"sequence length {seq} does not divide by cp x tp = {c * plan.tp}: sequence parallelism splits "
+            f"each context block over the model axis too"
+        )
+    if dropout_on:
+        raise PlanError(
+            f"cfg.dropout={cfg.dropout} with {ax}: attention dropout draws its masks on the whole "
+            "[B, N, S, S] probabilities, which context parallelism never forms (at long sequences they "
+            "cannot be drawn); run without a dropout_seed or with cfg.scaled(dropout=0.0)"
+        )
+
+
+def _kv_degrees(cfg: TransformerConfig) -> list[int]:
+    """The tensor-parallel degrees that split or replicate the KV heads evenly."""
+    k = cfg.n_kv
+    return [d for d in range(1, cfg.heads + 1) if cfg.heads % d == 0 and (k % d == 0 or d % k == 0)]
+
+
+def check_pipeline(cfg: TransformerConfig, plan: Plan, batch: int) -> None:
+    """Layers over stages x chunks, the batch over data x microbatches; no tied embeddings across stages."""
+    parts = plan.pp * plan.virtual_stages
+    if cfg.layers % parts:
+        raise DivisibilityError(
+            f"layers={cfg.layers} do not divide over pp={plan.pp} stages x virtual_stages={plan.virtual_stages}"
+        )
+    if batch % (plan.dp * plan.microbatches):
+        raise DivisibilityError(
+            f"batch B={batch} does not divide into dp={plan.dp} x microbatches={plan.microbatches} pieces"
+        )
+    if cfg.tie_embeddings:
+        raise PlanError(
+            "tie_embeddings with pp > 1: the embedding lives on the first stage and the LM head on the last; "
+            "Megatron keeps a copy on each and AllReduces their gradients, which run_model does not yet do. "
+            "Untie them or set pp=1"
+        )
+
+
+def shape_of(v: Any) -> tuple[int, ...]:
+    return tuple(v.shape) if isinstance(v, ShapeDtype) else np.shape(v)
+
+
+def check_params(cfg: TransformerConfig, params: Mapping[str, Any]) -> None:
+    want = cfg.param_shapes()
+    missing = [k for k in want if k not in params]
+    extra = [k for k in params if k not in want]
+    if missing or extra:
+        raise ShapeError(
+            f"params do not match the model {cfg.name or 'config'}: "
+            + (f"missing {missing[:4]}{'...' if len(missing) > 4 else ''} " if missing else "")
+            + (f"unknown {extra[:4]}" if extra else "")
+            + "; build them with shardsim.models.reference.init(cfg)"
+        )
+    for k, shape in want.items():
+        if shape_of(params[k]) != shape:
+            raise ShapeError(f"param {k} must have shape {shape} for this config, got {shape_of(params[k])}")
+
+
+def check_tokens(cfg: TransformerConfig, plan: Plan, tokens: Any, targets: Any) -> tuple[int, int]:
+    """``(B, S)``; tokens and targets integers in ``[0, vocab)``, ``S <= cfg.seq``, B divisible by dp."""
+    for name, v in (("tokens", tokens), ("targets", targets)):
+        shape = shape_of(v)
+        if len(shape) != 2:
+            raise ModelInputError(f"{name} must be [B, S] token ids, got shape {shape}")
+        if shape != shape_of(tokens):
+            raise ModelInputError(f"targets must have the tokens' shape {shape_of(tokens)}, got {shape}")
+        dt = v.dtype if isinstance(v, ShapeDtype) else np.asarray(v).dtype
+        if dt.kind not in "iu":
+            raise ModelInputError(f"{name} must be integer token ids, got dtype {dt}")
+        if not isinstance(v, ShapeDtype):
+            a = np.asarray(v)
+            bad = (a < 0) | (a >= cfg.vocab)
+            if bad.any():
+                at = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise ModelInputError(
+                    f"{name}{list(at)} = {int(a[at])} is outside the vocabulary [0, {cfg.vocab}); "
+                    "map it to a valid id or grow cfg.vocab"
+                )
+    b, s = shape_of(tokens)
+    if s > cfg.seq:
+        raise ModelInputError(
+            f"sequence length {s} is longer than the model's cfg.seq={cfg.seq}; cut the tokens to {cfg.seq} "
+            "or use cfg.scaled(seq=...)"
+        )
+    if b % plan.dp:
+        raise DivisibilityError(f"batch B={b} does not divide by dp={plan.dp} (the data axis {plan.data_axis!r})")
+    return b, s
