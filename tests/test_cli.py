@@ -6,6 +6,7 @@ from the single-device MLP, never from the code under test.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -364,3 +365,9 @@ def test_demo_runs_every_registered_scheme(capsys, name: str) -> None:
     """Each scheme's demo checks it against its own single-device reference."""
     assert cli.main(["demo", "--scheme", name, "--batch", "8", "--quiet"]) == 0
     assert capsys.readouterr().out.rstrip().endswith(": PASS")
+
+
+def test_run_demo_takes_a_scheme_that_is_not_registered(extra_schemes) -> None:
+    mine = dataclasses.replace(extra_schemes[0], name="unregistered_test")
+    r = cli.run_demo(mine, check_memory=True)  # the memory check's shape-only run uses the scheme given
+    assert r.ok and r.result.scheme == "unregistered_test" and "unregistered_test" not in strategies.names()
