@@ -627,6 +627,17 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
         choices=("numpy", "jax"),
         help="run on the stacked NumPy engine or on JAX devices (needs shardsim[jax]) (default: %(default)s)",
     )
+    p.add_argument(
+        "--model",
+        metavar="PRESET",
+        help="walk one block of a small transformer preset (gpt-tiny, llama-tiny) through --plan instead of the MLP",
+    )
+    p.add_argument(
+        "--plan",
+        action="append",
+        metavar="tp=2,sp",
+        help="with --model: a plan to walk (repeatable; default: tp=2, then tp=2,sp)",
+    )
     p.add_argument("--quiet", action="store_true", help="print one PASS/FAIL line per scheme only")
     add_chrome_trace_option(p, "each scheme's trace")
     add_output_options(p)
@@ -639,6 +650,10 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
 )
 def demo(args: argparse.Namespace) -> int:
     """``shardsim demo``: layouts, steps, bytes, memory and the check, per scheme."""
+    if args.model is not None:
+        return _demo_model(args.model, args.plan or ["tp=2", "tp=2,sp"])
+    if args.plan:
+        raise CommandLineError("--plan walks a transformer: give --model too (e.g. --model gpt-tiny --plan tp=2,sp)")
     names = _scheme_names(args.scheme)
     if args.axes:
         roles = {role for name in names for role in strategies.get(name).roles}
@@ -691,6 +706,26 @@ def demo(args: argparse.Namespace) -> int:
     traces = {run.result.scheme: run.result.trace for run in runs}
     write_chrome_trace_option(traces, args.chrome_trace, quiet=args.json or args.csv or args.quiet)
     return 0 if all(run.ok for run in runs) else 1
+
+
+# an exact walk holds every weight on the host, with its gradient and the reference's copy
+MODEL_WALK_PARAMS = 1 << 22
+
+
+def _demo_model(model: str, plans: list[str]) -> int:
+    """``shardsim demo --model``: one block of a small transformer, step by step, under each plan."""
+    from .models import get
+    from .transformer.demo import walk
+
+    cfg = get(model)
+    if cfg.param_count() > MODEL_WALK_PARAMS:
+        raise CommandLineError(
+            f"--model {model} has {cfg.param_count():,} parameters; the exact walk-through runs small presets "
+            f"(at most {MODEL_WALK_PARAMS:,}: gpt-tiny, llama-tiny); size {model} shape-only with 'shardsim estimate'"
+        )
+    texts = [walk(cfg, plan) for plan in plans]
+    print("\n\n".join(texts))
+    return 0 if all(t.rstrip().endswith("PASS") for t in texts) else 1
 
 
 def demo_row(run: DemoRun) -> dict[str, Any]:
