@@ -87,5 +87,5 @@ def test_html_of_mesh_trace_and_ledger() -> None:
         shardsim.all_gather(w, "X")
     for obj, words in ((t, "all_gather"), (mesh.memory, "(X1,Y1)")):
         html = obj._repr_html_()
-        assert html.startswith("<pre>") and html.endswith("</pre>") and words in html
+        assert html.startswith("<table>") and html.endswith("</table>") and words in html
         assert "-&gt;" in html or obj is mesh.memory  # the layout arrow, escaped

@@ -137,4 +137,4 @@ def test_table_lists_every_event() -> None:
     assert "all_gather" in lines[1] and "[D_X, F] -> [D, F]" in lines[1] and "128 B" in lines[1]
     assert "matmul" in lines[2] and "In @ W" in lines[2] and "256" in lines[2]  # 2*2*8*8 flops
     assert len(lines) == 3
-    assert t._repr_html_().startswith("<pre>")
+    assert t._repr_html_().startswith("<table>")  # an HTML table, tests/test_html_reprs.py

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._format import fmt_bytes
 from .errors import OutOfMemoryError, ShardingError
 
 if TYPE_CHECKING:
@@ -204,15 +205,6 @@ class MemoryLedger:
         from .pictures import memory_html
 
         return memory_html(self)
-
-
-def fmt_bytes(n: float) -> str:
-    """``1.5 KiB``: bytes in binary units."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError  # pragma: no cover
 
 
 # The closed forms the ledger is held to (ZeRO model state, communication, activations).

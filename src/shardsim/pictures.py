@@ -16,6 +16,8 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from ._format import fmt_bytes, table_html, table_text
+
 if TYPE_CHECKING:
     from .array import ShardedArray
     from .memory import MemoryLedger
@@ -178,10 +180,13 @@ def step_labels(events: Sequence[Event], labels: Mapping[int, str] | None = None
 def trace_table(t: Trace) -> str:
     """The trace as a fixed-width table, one row per event; unnamed values are named by
     :func:`step_labels`."""
-    from .memory import fmt_bytes
+    return table_text(*_trace_rows(t))
 
+
+def _trace_rows(t: Trace) -> tuple[list[tuple[str, ...]], set[int]]:
+    """The trace table's rows and its right-aligned (number) columns."""
     names = step_labels(t.events)
-    rows = [("#", "phase", "op", "axes", "array", "layout", "sent/chip", "flops/chip")]
+    rows: list[tuple[str, ...]] = [("#", "phase", "op", "axes", "array", "layout", "sent/chip", "flops/chip")]
     for e in t.events:
         layout = " , ".join(e.before) + " -> " + e.after
         rows.append(
@@ -196,13 +201,16 @@ def trace_table(t: Trace) -> str:
                 f"{e.flops:,}" if e.flops else "-",  # as the demo prints them: exact, 1,024
             )
         )
-    return _table(rows)
+    return rows, {0, 6, 7}
 
 
 def memory_table(ledger: MemoryLedger) -> str:
     """Per chip: live and peak bytes by category."""
-    from .memory import fmt_bytes
+    return table_text(*_memory_rows(ledger))
 
+
+def _memory_rows(ledger: MemoryLedger) -> tuple[list[tuple[str, ...]], set[int]]:
+    """The ledger table's rows and its right-aligned (bytes) columns: all but the chip."""
     mesh = ledger.mesh
     cats = ledger.categories()
     rows = [("chip", *(f"{c} (peak)" for c in cats), "total live", "total peak")]
@@ -216,12 +224,12 @@ def memory_table(ledger: MemoryLedger) -> str:
                 fmt_bytes(int(ledger.peak()[idx])),
             )
         )
-    return _table(rows)
+    return rows, set(range(1, len(rows[0])))
 
 
 def _table(rows: Sequence[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    """Left-aligned columns, for the CLI's tables (which right-pad their numbers themselves)."""
+    return table_text(rows)
 
 
 # -- HTML for notebooks -----------------------------------------------------------------------
@@ -260,12 +268,10 @@ def mesh_html(mesh: Mesh) -> str:
 
 
 def trace_html(t: Trace) -> str:
-    return _html_table(trace_table(t))
+    """:func:`trace_table` as an HTML table: the same cells, numbers right-aligned."""
+    return table_html(*_trace_rows(t))
 
 
 def memory_html(ledger: MemoryLedger) -> str:
-    return _html_table(memory_table(ledger))
-
-
-def _html_table(text: str) -> str:
-    return "<pre>" + html.escape(text) + "</pre>"
+    """:func:`memory_table` as an HTML table: the same cells, bytes right-aligned."""
+    return table_html(*_memory_rows(ledger), caption=f"memory of {ledger.mesh!r}")

@@ -171,8 +171,36 @@ class Estimate:
             ]
         )
 
+    def figures(self) -> list[tuple[str, str]]:
+        """The summary's headline figures as (quantity, value) pairs, worded as :meth:`summary`
+        prints them: the rows of the notebook table.
+
+        >>> from shardsim import Mesh
+        >>> e = estimate("ddp", Mesh(X=8), "h100", 8 * 4096, 8192, 32768)
+        >>> [q for q, _ in e.figures()][:3], all(v.split()[0] in e.summary() for _, v in e.figures())
+        (['step', 'compute', 'comm'], True)
+        """
+        mem = self.memory.get("total", 0) / 1e9
+        parts = self.timeline.comm_parts()
+        return [
+            ("step", f"{_ms(self.step_s)} ms"),
+            ("compute", f"{_ms(self.compute_s)} ms"),
+            ("comm", f"{_ms(self.comm_s)} ms"),
+            *((f"comm {k}", f"{_ms(v)} ms") for k, v in parts.items() if v or k != "behind other comm"),
+            ("MFU", f"{self.mfu:.1%}"),
+            ("bound", f"{self.bound}-bound"),
+            ("memory per chip", f"{mem:.3g} GB"),
+            ("HBM per chip", f"{self.hardware.hbm_capacity / 1e9:.3g} GB"),
+        ]
+
     def __str__(self) -> str:
         return self.summary()
+
+    def _repr_html_(self) -> str:
+        from .._format import table_html
+
+        caption = self.summary().splitlines()[0]
+        return table_html([("quantity", "value"), *self.figures()], right={1}, caption=caption)
 
 
 def estimate(

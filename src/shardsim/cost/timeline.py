@@ -205,6 +205,45 @@ class Timeline:
     def __str__(self) -> str:
         return self.text()
 
+    def table(self) -> str:
+        """Per phase and stream: busy time, and per collective its time and the part exposed
+        (compute idle), as a text table; the notebook shows the same cells as HTML.
+
+        >>> import shardsim
+        >>> from shardsim.cost import timeline_of
+        >>> mesh = shardsim.Mesh(X=4)
+        >>> w = shardsim.shard(shardsim.ShapeDtype((8192, 8192), "bfloat16"), mesh, "D_X F")
+        >>> with shardsim.trace() as t:
+        ...     full = shardsim.all_gather(w, "X")
+        >>> print(timeline_of(t, "tpu-v5p", mesh).table())
+        phase    stream  bars      time   exposed
+        forward  comm X     1  745.7 µs  745.7 µs
+        """
+        from .._format import table_text
+
+        return table_text(*self._rows())
+
+    def _repr_html_(self) -> str:
+        from .._format import table_html
+
+        return table_html(*self._rows(), caption=self.title)
+
+    def _rows(self) -> tuple[list[tuple[str, ...]], set[int]]:
+        from .._format import fmt_time
+
+        rows: dict[tuple[str, str], list[Any]] = {}
+        for b in self.bars:
+            row = rows.setdefault((b.phase, b.stream), [0, 0.0, None if b.is_compute else 0.0])
+            row[0] += 1
+            row[1] += b.seconds
+            if not b.is_compute:  # exposed: the seconds compute sat idle waiting on it
+                row[2] += b.exposed
+        header = ("phase", "stream", "bars", "time", "exposed")
+        body = [
+            (p, s, str(n), fmt_time(t), "-" if x is None else fmt_time(x)) for (p, s), (n, t, x) in rows.items()
+        ]
+        return [header, *body], {2, 3, 4}
+
 
 def build_timeline(
     steps: Sequence[Step],
