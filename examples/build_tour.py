@@ -133,6 +133,64 @@ AllGather-X W_in, ReduceScatter-Y dIn.""",
     ("code", 'runs["fsdp_tp"].trace'),
     (
         "markdown",
+        """In a terminal, `ss.show` prints the same pictures as text: which block of the global
+array each chip holds, the trace, the ledger.""",
+    ),
+    ("code", """ss.show(w_in)
+ss.show(out)"""),
+    (
+        "markdown",
+        """## What it would cost on real hardware
+
+The cost model runs the same scheme's program shape-only at full size and puts every step on
+a time line: compute on each chip, each mesh axis's collectives on its own network, overlapped
+where the schedule allows. Here FSDP+TP on 256 TPU v5p chips, one transformer-sized MLP of
+d_model 8192 and d_ff 32768, two layers, 2048 tokens per chip.""",
+    ),
+    (
+        "code",
+        """import io
+import warnings
+
+import matplotlib.pyplot as plt
+from IPython.display import Image
+
+from shardsim.cost import estimate, sweep
+from shardsim.cost.crossover import crossover_png
+
+warnings.simplefilter("ignore")  # preset chips without measured efficiency curves say so; ideal rates here
+
+
+def png(fig):
+    \"\"\"The figure as a PNG (the same bytes whatever matplotlib backend the kernel has).\"\"\"
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=72)
+    plt.close(fig)
+    return Image(buf.getvalue())
+
+
+e = estimate("fsdp_tp", ss.Mesh(X=64, Y=4), "tpu-v5p", 256 * 2048, 8192, 32768, layers=2, efficiency="ideal")
+display(e, e.timeline)""",
+    ),
+    ("markdown", "The time line as a picture: one row per stream, bars coloured by phase."),
+    ("code", "png(e.timeline.plot())"),
+    (
+        "markdown",
+        """## The crossover plot
+
+Which scheme is fastest at which batch: MFU and step time per token against tokens per chip
+on 256 TPU v5p chips (`examples/crossover.py` draws it for TPU v5p and H100 with the critical
+batches marked).""",
+    ),
+    (
+        "code",
+        """batches = [64 * 2**i for i in range(9)]  # 64 ... 16384 tokens per chip
+schemes = ["ddp", "fsdp", "tp", "fsdp_tp"]
+results = {"tpu-v5p": sweep(schemes, "tpu-v5p", batches, 8192, 32768, chips=256, efficiency="ideal")}
+png(crossover_png(results, title="One MLP layer, d_model 8192, d_ff 32768, 256 chips"))""",
+    ),
+    (
+        "markdown",
         """Next: `docs/schemes.md` has every step's bytes and FLOPs as closed forms, and
 `examples/compare_schemes.py` shows the schemes as the model grows.""",
     ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import doctest
 import importlib.util
 import os
@@ -130,6 +131,13 @@ def test_notebook_executes_top_to_bottom(monkeypatch) -> None:
     assert any("In[B_X, D_Y]" in h and "B[0:1] D[2:4]" in h for h in html)  # the sharded input, as a grid
     assert any("reduce_scatter" in h and "sent/chip" in h for h in html)  # a trace
     assert any("params (peak)" in h for h in html)  # the memory ledger
+    assert not any("<pre>" in h for h in html)  # tables are HTML tables, not fixed-width text
+    assert any("<th" in h and "MFU" in h for h in html)  # the estimate
+    assert any("exposed</th>" in h for h in html)  # the time line's table
+    assert "W_in[D_X, F_Y]" in text and "D[2:4] F[4:8]" in text  # ss.show's layout picture
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    pngs = [o["data"]["image/png"] for o in outputs if "image/png" in o.get("data", {})]
+    assert len(pngs) == 2 and all(base64.b64decode(p)[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)  # time line, crossover
     assert re.findall(r"^(\w+)\s+Mesh.*; (PASS|FAIL)$", text, re.M) == [
         ("ddp", "PASS"),
         ("fsdp", "PASS"),
