@@ -36,7 +36,7 @@ def load(name: str):
     return module
 
 
-CHECKED = {"seed_fsdp_tp.py", "compare_schemes.py", "build_tour.py"}  # run by the tests below
+CHECKED = {"seed_fsdp_tp.py", "compare_schemes.py", "build_tour.py", "render_html.py"}  # run by the tests below
 
 
 def test_every_example_runs() -> None:
@@ -144,3 +144,13 @@ def test_notebook_executes_top_to_bottom(monkeypatch) -> None:
         ("tp", "PASS"),
         ("fsdp_tp", "PASS"),
     ]
+
+
+def test_render_html_writes_the_pages(tmp_path) -> None:
+    """The HTML pages hold the notebook's tables and figures; the PNGs need Chromium, absent here: a message."""
+    out = run_example("render_html.py", "--out", str(tmp_path), "--chromium", str(tmp_path / "no-chromium"))
+    assert "no Chromium at" in out and not list(tmp_path.glob("*.png"))
+    tour = (tmp_path / "tour.html").read_text()
+    assert tour.count("<img src='data:image/png;base64,") == 2 and "params (peak)" in tour
+    reprs = (tmp_path / "reprs.html").read_text()
+    assert reprs.count("<table>") == 4 and "reduce_scatter" in reprs and "MFU" in reprs and "<pre>" not in reprs
