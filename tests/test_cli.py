@@ -6,6 +6,7 @@ from the single-device MLP, never from the code under test.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -364,3 +365,33 @@ def test_demo_runs_every_registered_scheme(capsys, name: str) -> None:
     """Each scheme's demo checks it against its own single-device reference."""
     assert cli.main(["demo", "--scheme", name, "--batch", "8", "--quiet"]) == 0
     assert capsys.readouterr().out.rstrip().endswith(": PASS")
+
+
+def test_run_demo_takes_a_scheme_that_is_not_registered(extra_schemes) -> None:
+    mine = dataclasses.replace(extra_schemes[0], name="unregistered_test")
+    r = cli.run_demo(mine, check_memory=True)  # the memory check's shape-only run uses the scheme given
+    assert r.ok and r.result.scheme == "unregistered_test" and "unregistered_test" not in strategies.names()
+
+
+def test_demo_model_walks_a_transformer_block_through_each_plan(capsys) -> None:
+    from shardsim.transformer.demo import walk
+
+    assert cli.main(["demo", "--model", "llama-tiny", "--plan", "tp=2", "--plan", "dp=2,zero=3"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == (walk("llama-tiny", "tp=2") + "\n\n" + walk("llama-tiny", "dp=2,zero=3")).strip()
+    assert out.count(": PASS") == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["demo", "--model", "gpt3-175b"], "shape-only with 'shardsim estimate'"),
+        (["demo", "--plan", "tp=2"], "give --model too"),
+        (["demo", "--model", "nope"], "no model preset 'nope'"),
+        (["demo", "--model", "gpt-tiny", "--plan", "tp=3"], "does not divide"),
+    ],
+)
+def test_demo_model_refuses_in_one_line(capsys, argv, words) -> None:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1

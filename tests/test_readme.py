@@ -44,3 +44,12 @@ def test_readme_tour_runs(capsys) -> None:
     exec(compile(tour, "README tour", "exec"), {})
     out = capsys.readouterr().out
     assert "reduce_scatter" in out and "(X1,Y1)" in out
+
+
+def test_readme_links_every_docs_page() -> None:
+    """Each page of ``docs/`` is a row of the README's documentation table."""
+    text = README.read_text(encoding="utf-8")
+    table = text.split("## Documentation", 1)[1].split("\n\n", 2)[1]
+    linked = set(re.findall(r"\]\((docs/[\w-]+\.md)\)", table))
+    pages = {f"docs/{p.name}" for p in (README.parent / "docs").glob("*.md")}
+    assert pages - linked == set()

@@ -22,7 +22,8 @@ import ast
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ._options import key_values
 from .errors import CommandLineError
@@ -161,6 +162,52 @@ def check_host_memory(need: int, what: str, alternative: str) -> None:
         raise CommandLineError(
             f"{what} needs about {fmt_bytes(need)} of host memory and {fmt_bytes(free)} is available; {alternative}"
         )
+
+
+# -- files the command line writes ----------------------------------------------------------
+def check_output_path(flag: str, path: str | None) -> None:
+    """Refuse a file option (``--png``, ``--chrome-trace``) that cannot be written, before any work.
+
+    >>> check_output_path("--chrome-trace", None)
+    >>> check_output_path("--chrome-trace", "/")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    shardsim.errors.CommandLineError: --chrome-trace '/' is a folder; give a file name, e.g. /out.json
+    """
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CommandLineError(f"{flag} {path!r}: the folder {folder!r} does not exist")
+    if os.path.isdir(path):
+        example = "out" + (os.path.splitext(path)[1] or (".png" if flag == "--png" else ".json"))
+        raise CommandLineError(f"{flag} {path!r} is a folder; give a file name, e.g. {os.path.join(path, example)}")
+
+
+def add_chrome_trace_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """The ``--chrome-trace FILE`` option: ``what`` says which programs the file holds."""
+    parser.add_argument(
+        "--chrome-trace",
+        metavar="FILE",
+        help=f"also write {what} as Trace Event Format JSON, one process per scheme (open it in Perfetto)",
+    )
+
+
+def write_chrome_trace_option(programs: Mapping[str, Any], path: str | None, *, quiet: bool) -> None:
+    """Write ``programs`` (traces or time lines, by name) to ``--chrome-trace``'s ``path``, if given.
+
+    A file that cannot be written is a one-line :class:`~shardsim.CommandLineError`.
+    """
+    if path is None:
+        return
+    from .trace_events import export_chrome_trace
+
+    try:
+        export_chrome_trace(programs, path)
+    except OSError as e:
+        raise CommandLineError(f"--chrome-trace {path!r}: {e.strerror or e}") from None
+    if not quiet:
+        print(f"wrote {path}")
 
 
 # -- messages in the command line's words -----------------------------------------------------

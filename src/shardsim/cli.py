@@ -37,7 +37,17 @@ from typing import Any, NoReturn
 import numpy as np
 
 from . import strategies
-from ._cli_args import LIMITS, check_host_memory, cli_words, count, mesh_type, seed
+from ._cli_args import (
+    LIMITS,
+    add_chrome_trace_option,
+    check_host_memory,
+    check_output_path,
+    cli_words,
+    count,
+    mesh_type,
+    seed,
+    write_chrome_trace_option,
+)
 from ._cli_output import add_output_options, matmul_labels, progress, write_csv, write_json
 from ._options import key_values, mesh_sizes, positive_int
 from .array import ShapeDtype, shard
@@ -46,7 +56,7 @@ from .dtypes import resolve_dtype, tolerance
 from .errors import CommandLineError, MeshAxisError, ShardsimError
 from .memory import fmt_bytes
 from .mesh import Mesh
-from .pictures import _table, chip_lines
+from .pictures import _table, chip_lines, step_labels
 from .strategies import StrategyResult
 from .strategies.base import ROLE_DEFAULTS
 from .strategies.runner import run as run_scheme
@@ -269,7 +279,7 @@ def demo_mesh(
 
 
 def shape_only_run(
-    name: str,
+    name: str | strategies.Scheme,
     mesh: Mesh,
     params: Mapping[str, Any],
     batch: int,
@@ -290,10 +300,13 @@ def shape_only_run(
     fresh = Mesh(dict(zip(mesh.axis_names, mesh.shape)))
     shapes = {k: ShapeDtype(np.shape(v), getattr(v, "dtype", dtype)) for k, v in params.items()}
     x = ShapeDtype((batch, d_model), dtype)
-    return strategies.run_strategy(name, fresh, shapes, x, x, activation=activation, axes=axes, **dict(options or {}))
+    scheme = name if isinstance(name, strategies.Scheme) else strategies.get(name)  # a user's scheme too
+    return run_scheme(scheme, fresh, shapes, x, x, activation=activation, axes=axes, **dict(options or {}))
 
 
-def default_batch(name: str, mesh: Mesh, params: Mapping[str, Any], d_model: int, dtype: Any, **kw: Any) -> int:
+def default_batch(
+    name: str | strategies.Scheme, mesh: Mesh, params: Mapping[str, Any], d_model: int, dtype: Any, **kw: Any
+) -> int:
     """The seed's 2 tokens, or the smallest power of two above it the scheme can lay out on
     ``mesh`` (``dp_ep`` splits its tokens over X and Y: 4 on the default 2×2 mesh).
 
@@ -385,9 +398,9 @@ def run_demo(
         check_host_memory(least, f"{name} on {the_mesh}", too_big)
     params = scheme.init(d_model, d_ff, seed=seed, dtype=dtype)
     if batch is None:
-        batch = default_batch(name, the_mesh, params, d_model, dt, **kw)
+        batch = default_batch(scheme, the_mesh, params, d_model, dt, **kw)
     if check_memory:
-        need = demo_need(shape_only_run(name, the_mesh, params, batch, d_model, dt, **kw), params, batch, d_model)
+        need = demo_need(shape_only_run(scheme, the_mesh, params, batch, d_model, dt, **kw), params, batch, d_model)
         check_host_memory(need, f"{name} on {the_mesh} with B={batch}", too_big)
     rng = np.random.default_rng(seed + 1)
     x = rng.standard_normal((batch, d_model)).astype(dt)
@@ -450,8 +463,9 @@ _OP_NAMES = {
 
 def step_rows(events: Sequence[Event], labels: Mapping[int, str] | None = None) -> list[tuple[str, ...]]:
     """One table row per event: number, step, axis, array, layout after, bytes sent and FLOPs per
-    chip; ``labels`` overrides an event's label by its index (the matmuls' transposes)."""
-    labels = labels or {}
+    chip; ``labels`` overrides an event's label by its index (the matmuls' transposes), and an
+    unnamed value is named after the step that made it (:func:`~shardsim.pictures.step_labels`)."""
+    names = step_labels(events, labels)
     rows: list[tuple[str, ...]] = [("#", "step", "axis", "array", "layout after", "sent/chip", "FLOPs/chip")]
     for i, e in enumerate(events, 1):
         rows.append(
@@ -459,7 +473,7 @@ def step_rows(events: Sequence[Event], labels: Mapping[int, str] | None = None) 
                 str(i),
                 _OP_NAMES.get(e.op, e.op),
                 "".join(e.axes) or "-",
-                labels.get(e.index, e.label) or "?",
+                names[e.index],
                 e.after,
                 fmt_bytes(e.sent_bytes) if e.is_collective else "-",
                 f"{e.flops:,}" if e.flops else "-",
@@ -613,7 +627,19 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
         choices=("numpy", "jax"),
         help="run on the stacked NumPy engine or on JAX devices (needs shardsim[jax]) (default: %(default)s)",
     )
+    p.add_argument(
+        "--model",
+        metavar="PRESET",
+        help="walk one block of a small transformer preset (gpt-tiny, llama-tiny) through --plan instead of the MLP",
+    )
+    p.add_argument(
+        "--plan",
+        action="append",
+        metavar="tp=2,sp",
+        help="with --model: a plan to walk (repeatable; default: tp=2, then tp=2,sp)",
+    )
     p.add_argument("--quiet", action="store_true", help="print one PASS/FAIL line per scheme only")
+    add_chrome_trace_option(p, "each scheme's trace")
     add_output_options(p)
 
 
@@ -624,6 +650,10 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
 )
 def demo(args: argparse.Namespace) -> int:
     """``shardsim demo``: layouts, steps, bytes, memory and the check, per scheme."""
+    if args.model is not None:
+        return _demo_model(args.model, args.plan or ["tp=2", "tp=2,sp"])
+    if args.plan:
+        raise CommandLineError("--plan walks a transformer: give --model too (e.g. --model gpt-tiny --plan tp=2,sp)")
     names = _scheme_names(args.scheme)
     if args.axes:
         roles = {role for name in names for role in strategies.get(name).roles}
@@ -639,6 +669,7 @@ def demo(args: argparse.Namespace) -> int:
         check_options(strategies.get(name), options)
     if args.dtype == "bfloat16":
         resolve_dtype("bfloat16")  # a clear error now if ml_dtypes is missing
+    check_output_path("--chrome-trace", args.chrome_trace)
     # run everything first: a bad option then prints one error and nothing else
     runs = [
         run_demo(
@@ -672,7 +703,29 @@ def demo(args: argparse.Namespace) -> int:
         print(summary_table(runs))
         failed = [run.result.scheme for run in runs if not run.ok]
         print("all checks PASS" if not failed else f"FAIL: {', '.join(failed)}")
+    traces = {run.result.scheme: run.result.trace for run in runs}
+    write_chrome_trace_option(traces, args.chrome_trace, quiet=args.json or args.csv or args.quiet)
     return 0 if all(run.ok for run in runs) else 1
+
+
+# an exact walk holds every weight on the host, with its gradient and the reference's copy
+MODEL_WALK_PARAMS = 1 << 22
+
+
+def _demo_model(model: str, plans: list[str]) -> int:
+    """``shardsim demo --model``: one block of a small transformer, step by step, under each plan."""
+    from .models import get
+    from .transformer.demo import walk
+
+    cfg = get(model)
+    if cfg.param_count() > MODEL_WALK_PARAMS:
+        raise CommandLineError(
+            f"--model {model} has {cfg.param_count():,} parameters; the exact walk-through runs small presets "
+            f"(at most {MODEL_WALK_PARAMS:,}: gpt-tiny, llama-tiny); size {model} shape-only with 'shardsim estimate'"
+        )
+    texts = [walk(cfg, plan) for plan in plans]
+    print("\n\n".join(texts))
+    return 0 if all(t.rstrip().endswith("PASS") for t in texts) else 1
 
 
 def demo_row(run: DemoRun) -> dict[str, Any]:

@@ -68,7 +68,7 @@ def route(
     for g in range(groups):
         taken = [0] * e_all  # tokens each expert has taken in this group so far
         for t in range(g * per_group, (g + 1) * per_group):
-            order = sorted(range(e_all), key=lambda e, t=t: (-probs[t, e], e))  # ties: lower expert first
+            order = np.argsort(-probs[t], kind="stable").tolist()  # ties: lower expert first
             for k, e in enumerate(order[:top_k]):
                 experts[t, k] = e
                 if capacity is None or taken[e] < capacity:

@@ -13,14 +13,14 @@ X1   B[1:2] D[0:2]     B[1:2] D[2:4]
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .array import ShardedArray
     from .memory import MemoryLedger
     from .mesh import Mesh
-    from .tracing import Trace
+    from .tracing import Event, Trace
 
 
 def block_slices(x: ShardedArray, coords: Mapping[str, int]) -> list[tuple[str, int, int]]:
@@ -140,10 +140,47 @@ def show(x: ShardedArray | Trace | Mesh | MemoryLedger) -> None:
     print(layout_text(x) if isinstance(x, ShardedArray) else str(x))
 
 
+def step_labels(events: Sequence[Event], labels: Mapping[int, str] | None = None) -> dict[int, str]:
+    """Each step's label by event index, with every unnamed value (``?``) named after the step
+    that made it: the all_gather of an unnamed ``In @ W_in`` reads ``matmul(In, W_in)``.
+
+    ``labels`` overrides a step's own label (the matmuls' transposes); a value no traced step
+    made (an unnamed input of the program) stays ``?``.
+
+    >>> import numpy as np, shardsim
+    >>> mesh = shardsim.Mesh(X=2)
+    >>> x = shardsim.shard(np.ones((4, 2)), mesh, "B_X D", label="In")
+    >>> w = shardsim.shard(np.ones((2, 2)), mesh, "D F", label="W_in")
+    >>> with shardsim.trace() as t:
+    ...     h = shardsim.all_gather(x @ w, "X")
+    >>> step_labels(t.events)
+    {0: 'In @ W_in', 1: 'matmul(In, W_in)'}
+    """
+    labels = labels or {}
+    made: dict[int, str] = {}  # value id -> its readable name
+    out: dict[int, str] = {}
+    for e in events:
+        label = labels.get(e.index, e.label)
+        if e.op == "matmul":
+            parts = label.split(" @ ")
+            if len(parts) == len(e.inputs):  # each operand read from one traced value: name it
+                parts = [made.get(i, "?") + p[1:] if p.startswith("?") else p for p, i in zip(parts, e.inputs)]
+            out[e.index] = " @ ".join(parts)
+            made[e.output] = "matmul(" + ", ".join(p.removesuffix(".T") for p in parts) + ")"
+        else:
+            if not label and len(e.inputs) == 1:  # a collective moves its input: the same value
+                label = made.get(e.inputs[0], "")
+            out[e.index] = label or "?"
+            made[e.output] = out[e.index]
+    return out
+
+
 def trace_table(t: Trace) -> str:
-    """The trace as a fixed-width table, one row per event."""
+    """The trace as a fixed-width table, one row per event; unnamed values are named by
+    :func:`step_labels`."""
     from .memory import fmt_bytes
 
+    names = step_labels(t.events)
     rows = [("#", "phase", "op", "axes", "array", "layout", "sent/chip", "flops/chip")]
     for e in t.events:
         layout = " , ".join(e.before) + " -> " + e.after
@@ -153,7 +190,7 @@ def trace_table(t: Trace) -> str:
                 e.phase,
                 e.op,
                 "".join(e.axes) or "-",
-                e.label or "?",
+                names[e.index],
                 layout,
                 fmt_bytes(e.sent_bytes) if e.is_collective else "-",
                 f"{e.flops:,}" if e.flops else "-",  # as the demo prints them: exact, 1,024
@@ -182,7 +219,7 @@ def memory_table(ledger: MemoryLedger) -> str:
     return _table(rows)
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
+def _table(rows: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 

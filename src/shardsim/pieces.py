@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -275,6 +275,11 @@ def place(x: ShardedArray, *, label: str | None = None, **coords: int) -> Sharde
 OutSpec = tuple[str | Layout, Sequence[int], Any]
 
 
+def _is_one_spec(out: OutSpec | Sequence[OutSpec]) -> bool:
+    """Whether ``out`` is one ``(layout, shape, dtype)``, not a list of them (a shape is no layout)."""
+    return isinstance(out, tuple) and len(out) == 3 and isinstance(out[0], (str, Layout))
+
+
 def blockwise(
     fn: Callable[..., Any],
     inputs: Sequence[ShardedArray],
@@ -303,8 +308,8 @@ def blockwise(
     partial = [v.describe() for v in inputs if v.is_partial]
     if partial:
         raise PartialSumError(f"blockwise of partial sums {partial}: reduce them first")
-    single = isinstance(out, tuple) and len(out) == 3 and isinstance(out[0], (str, Layout))
-    specs = [out] if single else list(out)  # type: ignore[list-item]
+    single = _is_one_spec(out)
+    specs: list[OutSpec] = [cast(OutSpec, out)] if single else list(cast(Sequence[OutSpec], out))
     layouts = [Layout.parse(lay, mesh.axis_names).validate(mesh.axis_names) for lay, _, _ in specs]
     shapes = [tuple(int(n) for n in shape) for _, shape, _ in specs]
     dtypes = [resolve_dtype(dt) for _, _, dt in specs]

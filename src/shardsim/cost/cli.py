@@ -24,10 +24,16 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from typing import Any
 
-from .._cli_args import LIMITS, count, mesh_type
+from .._cli_args import (
+    LIMITS,
+    add_chrome_trace_option,
+    check_output_path,
+    count,
+    mesh_type,
+    write_chrome_trace_option,
+)
 from .._cli_output import add_output_options, write_csv, write_json
 from .._options import key_values
 from ..errors import CommandLineError
@@ -56,6 +62,7 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         "--width", type=count("columns", low=20), default=100, help="width of the text time line (default 100)"
     )
     parser.add_argument("--png", help="also save the time line as a PNG (needs shardsim[plot])")
+    add_chrome_trace_option(parser, "the time line")
     parser.add_argument("--breakdown", action="store_true", help="print the time of every collective")
     parser.add_argument("--critical", action="store_true", help="print the scheme's critical batch on this hardware")
     parser.add_argument(
@@ -72,6 +79,7 @@ def cli_estimate(args: argparse.Namespace) -> int:
     hw = _hardware(args)
     scheme = _scheme(args.scheme)
     _check_png(args.png)
+    check_output_path("--chrome-trace", args.chrome_trace)
     if args.mesh:
         mesh = Mesh(args.mesh)
     elif scheme == "fsdp_tp":
@@ -110,6 +118,7 @@ def cli_estimate(args: argparse.Namespace) -> int:
             print(crit)
     if args.png:
         _png(lambda: est.timeline.plot(args.png), args.png, quiet=args.json or args.csv)
+    write_chrome_trace_option({est.scheme: est.timeline}, args.chrome_trace, quiet=args.json or args.csv)
     return 0
 
 
@@ -310,13 +319,7 @@ def _hardware(args: argparse.Namespace) -> Hardware:
 
 def _check_png(path: str | None) -> None:
     """Refuse a ``--png`` that cannot be written before any work is done."""
-    if path is None:
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise CommandLineError(f"--png {path!r}: the folder {folder!r} does not exist")
-    if os.path.isdir(path):
-        raise CommandLineError(f"--png {path!r} is a folder; give a file name, e.g. {os.path.join(path, 'out.png')}")
+    check_output_path("--png", path)
 
 
 def _png(draw: Any, path: str, *, quiet: bool) -> None:

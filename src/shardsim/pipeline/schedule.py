@@ -197,7 +197,8 @@ def interleaved(stages: int, microbatches: int, chunks: int) -> Schedule:
     return _schedule("interleaved", p, m, v, orders)
 
 
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved}
+#: Every schedule by name; ``interleaved`` also takes the chunks per stage, so :func:`make` calls it apart.
+SCHEDULES: dict[str, Callable[..., Schedule]] = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved}
 
 
 def make(name: str, stages: int, microbatches: int, chunks: int = 1) -> Schedule:

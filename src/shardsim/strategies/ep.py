@@ -261,8 +261,10 @@ def reference(
         cap: int | None = _capacity_from_factor(options["capacity_factor"], k, per_group, np.shape(p["router"])[1])
     else:
         cap = options.get("capacity")
-    kw = {"top_k": k, "capacity": cap, "groups": groups}
-    return moe.forward(p, x, activation, **kw), moe.backward(p, x, dout, activation, **kw)
+    return (
+        moe.forward(p, x, activation, top_k=k, capacity=cap, groups=groups),
+        moe.backward(p, x, dout, activation, top_k=k, capacity=cap, groups=groups),
+    )
 
 
 def check_shapes(params: Mapping[str, Any], x: Any, dout: Any) -> None:

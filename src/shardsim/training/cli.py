@@ -34,7 +34,15 @@ from typing import Any
 import numpy as np
 
 from .. import formulas, mlp, strategies
-from .._cli_args import check_host_memory, count, positive_float, seed
+from .._cli_args import (
+    add_chrome_trace_option,
+    check_host_memory,
+    check_output_path,
+    count,
+    positive_float,
+    seed,
+    write_chrome_trace_option,
+)
 from .._cli_output import add_output_options, progress, write_csv, write_json
 from ..array import ShapeDtype
 from ..dtypes import eps, tolerance
@@ -84,6 +92,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recompute", action="store_true", help="keep block inputs only; recompute in backward")
     parser.add_argument("--seed", type=seed, default=0, help="random seed (default 0)")
     parser.add_argument("--quiet", action="store_true", help="print one PASS/FAIL line per scheme only")
+    add_chrome_trace_option(parser, "each scheme's last training step")
     add_output_options(parser)
 
 
@@ -108,6 +117,7 @@ def train_command(args: argparse.Namespace) -> int:
     for name in names:
         strategies.get(name)  # unknown names fail before any work
     precision = Precision.of(args.precision, reduce=args.reduce_dtype)
+    check_output_path("--chrome-trace", args.chrome_trace)
     check_train_memory(names, args.chips, args.layers, args.batch, args.d_model, args.d_ff)
     params, x, target = problem(args.layers, args.batch, args.d_model, args.d_ff, args.seed)
     lr = args.lr if args.lr is not None else default_lr(args.optimizer, args.d_model, args.d_ff, args.layers)
@@ -153,6 +163,8 @@ def train_command(args: argparse.Namespace) -> int:
         print(memory_table(runs, n, precision, opt.name))
     if advice and not (args.json or args.csv):
         print(advice)
+    last_steps = {name: results[-1].trace for name, (_, results) in runs.items()}
+    write_chrome_trace_option(last_steps, args.chrome_trace, quiet=args.json or args.csv or args.quiet)
     return 0 if all(v == "PASS" for v in verdicts.values()) else 1
 
 
