@@ -219,7 +219,6 @@ class Estimate:
         >>> [q for q, _ in e.figures()][:3], all(v.split()[0] in e.summary() for _, v in e.figures())
         (['step', 'compute', 'comm'], True)
         """
-        mem = self.memory.get("total", 0) / 1e9
         parts = self.timeline.comm_parts()
         return [
             ("step", f"{_ms(self.step_s)} ms"),
@@ -228,8 +227,8 @@ class Estimate:
             *((f"comm {k}", f"{_ms(v)} ms") for k, v in parts.items() if v or k != "behind other comm"),
             ("MFU", f"{self.mfu:.1%}"),
             ("bound", f"{self.bound}-bound"),
-            ("memory per chip", f"{mem:.3g} GB"),
-            ("HBM per chip", f"{self.hardware.hbm_capacity / 1e9:.3g} GB"),
+            ("memory per chip", f"{_gb(self.memory.get('total', 0))} GB"),
+            ("HBM per chip", f"{_gb(self.hardware.hbm_capacity)} GB"),
         ]
 
     def __str__(self) -> str:
