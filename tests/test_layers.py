@@ -35,8 +35,8 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
-# The rich-display methods still import pictures from below; they are being rewritten and
-# will take their renderers as arguments. Listed by (module, method) so no other use creeps in.
+# The one exception: the rich-display methods still import pictures from inside the method.
+# Listed by (module, method), so no other upward import can hide among them.
 DISPLAY_METHODS = {
     ("array", "_repr_html_"),
     ("mesh", "_repr_html_"),
