@@ -18,6 +18,16 @@ says which. ``topology`` gives a TPU slice shape (several mesh axes may share a 
 axis, :func:`~shardsim.cost.place`); ``pad=True`` pads ``d_model``/``d_ff`` that do not
 divide the mesh up to a multiple of its chips, as FSDP pads its flat parameters.
 
+``memory`` is each chip's peak by category (``params``, ``grads``, ``optimizer``,
+``activations``, ``total``) as the ledger measures it over the same shape-only training step
+:class:`~shardsim.training.Trainer` runs: ``optimizer`` (Adam by default) and ``precision``
+(by default ``dtype``'s policy: bf16 weights with float32 master weights and moments) decide
+the optimizer state. ``fits`` compares ``total`` with the chip's HBM; ``shortfall`` and
+``largest()`` say by how much and why when it does not. ``model_state`` is the
+``params``, ``grads`` and ``optimizer`` bytes live between the backward pass and the update
+(the moment the ZeRO paper's per-device figures describe), without the gathered weights and
+unreduced gradients the peaks include.
+
 >>> from shardsim import Mesh
 >>> est = estimate("fsdp", Mesh(X=16), "tpu-v5p", batch=16 * 4096, d_model=8192, d_ff=32768, efficiency="ideal")
 >>> est.bound, round(est.mfu, 2), est.per_chip_batch
@@ -30,13 +40,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DivisibilityError
+from ..dtypes import resolve_dtype
+from ..errors import DivisibilityError, ShardsimError
 from ..mesh import Mesh
 from .efficiency import IDEAL, Efficiency, resolve_efficiency
 from .hardware import Hardware
 from .placement import AxisLink, place
 from .presets import get_hardware
-from .program import Program, scheme_program
+from .program import Program, scheme_program, training_memory
 from .timeline import Timeline, build_timeline
 
 
@@ -64,6 +75,8 @@ class Estimate:
     phases: dict[str, dict[str, float]]
     efficiency: Efficiency = IDEAL
     padding: dict[str, tuple[int, int]] = field(default_factory=dict)
+    memory_source: str = "the forward and backward passes only, no optimizer state"
+    model_state: dict[str, int] = field(default_factory=dict)
 
     @property
     def chips(self) -> int:
@@ -120,6 +133,34 @@ class Estimate:
         """Whether the per-chip peak memory fits the chip's HBM."""
         return self.memory.get("total", 0) <= self.hardware.hbm_capacity
 
+    @property
+    def shortfall(self) -> int:
+        """Bytes per chip beyond the chip's HBM (0 when it fits)."""
+        return max(0, int(self.memory.get("total", 0) - self.hardware.hbm_capacity))
+
+    def largest(self, n: int = 3) -> list[tuple[str, int]]:
+        """The ``n`` categories holding the most bytes at their peak, largest first.
+
+        >>> from shardsim import Mesh
+        >>> estimate("ddp", Mesh(X=8), "h100", 8 * 1024, 1024, 4096).largest(1)
+        [('optimizer', 100663296)]
+        """
+        rows = [(c, b) for c, b in self.memory.items() if c != "total"]
+        return sorted(rows, key=lambda cb: -cb[1])[:n]
+
+    def memory_line(self) -> str:
+        """Whether the step fits the chip and by how much it does not; then, on a second line,
+        the bytes by category and the training step they were measured over."""
+        mem, cap = _gb(self.memory.get("total", 0)), _gb(self.hardware.hbm_capacity)
+        if self.fits:
+            head = f"memory {mem} GB per chip of {cap} GB"
+            rows = self.largest(len(self.memory))
+        else:
+            head = f"memory does not fit: needs {mem} GB of {cap} GB ({_gb(self.shortfall)} GB short)"
+            rows = self.largest()
+        parts = ", ".join(f"{c} {_gb(b)} GB" for c, b in rows)
+        return f"{head}\n{'largest' if not self.fits else 'by category'}: {parts}; over {self.memory_source}"
+
     def breakdown(self, by: str = "collective") -> list[dict[str, Any]]:
         """Rows of seconds: ``by="collective"`` per (phase, op, axes, label) summed over layers,
         ``by="layer"`` per (layer, phase), ``by="event"`` every bar (:mod:`~shardsim.cost.breakdown`)."""
@@ -152,8 +193,6 @@ class Estimate:
     def summary(self) -> str:
         """A few lines: step, compute, comm (under compute / behind other comm / exposed), MFU,
         what bounds the step and the numbers that say so, memory."""
-        mem = self.memory.get("total", 0) / 1e9
-        cap = self.hardware.hbm_capacity / 1e9
         parts = self.timeline.comm_parts()
         comm = ", ".join(f"{k} {_ms(v)}" for k, v in parts.items() if v or k != "behind other comm")
         return "\n".join(
@@ -162,7 +201,7 @@ class Estimate:
                 f"({self.per_chip_batch:g}/chip), D={self.d_model}, F={self.d_ff}, {self.layers} layer(s)",
                 f"step {_ms(self.step_s)} ms: compute {_ms(self.compute_s)} ms, comm {_ms(self.comm_s)} ms ({comm})",
                 f"MFU {self.mfu:.1%}, {self.bound}-bound: {self.bound_reason()}",
-                f"memory {mem:.3g} GB per chip of {cap:.3g} GB" + ("" if self.fits else " (does not fit)"),
+                self.memory_line(),
                 self.efficiency.describe(),
                 *(
                     f"padded {k} {a} -> {b} (a multiple of the {self.chips} chips, as FSDP pads its parameters)"
@@ -193,25 +232,37 @@ def estimate(
     topology: str | Sequence[int] | None = None,
     efficiency: str | Efficiency = "calibrated",
     pad: bool = False,
+    optimizer: str = "adam",
+    precision: str | None = None,
 ) -> Estimate:
-    """Estimate one forward+backward step of ``scheme`` with a global batch of ``batch`` tokens.
+    """Estimate one training step of ``scheme`` with a global batch of ``batch`` tokens.
 
     ``mesh`` is a :class:`~shardsim.Mesh` or ``{"X": 16, ...}``; ``hardware`` a
     :class:`Hardware` or a preset name; ``links`` maps mesh axes to networks (see
     :func:`~shardsim.cost.place`); ``axes`` maps the scheme's roles to mesh axes;
     ``prefetch`` is how many matmuls ahead of its reader a collective may start
     (:mod:`~shardsim.cost.schedule`); ``topology``, ``efficiency`` and ``pad`` as the module
-    doc says.
+    doc says. ``optimizer`` (``sgd``, ``momentum``, ``adam``, ``adamw``) and ``precision``
+    (``fp32``, ``bf16``, ``fp16``...; by default ``dtype``'s) are the training step's whose
+    ledger gives ``memory``.
+
+    >>> from shardsim import Mesh
+    >>> est = estimate("ddp", Mesh(X=64), "h100", 64 * 1024, 5120, 20480, layers=27)
+    >>> print(est.memory_line())  # doctest: +ELLIPSIS
+    memory does not fit: needs 90.91 GB of 80 GB (10.91 GB short)
+    largest: optimizer 67.95 GB, params 11.32 GB, grads 11.32 GB; over one training step, adam (...)
     """
     hw = get_hardware(hardware)
     m = mesh if isinstance(mesh, Mesh) else Mesh(dict(mesh))
     place(hw, m, links, topology=topology)  # fail early, before tracing, on a layout the hardware cannot hold
+    source = _memory_source(optimizer, precision, dtype)
     sizes = {"d_model": d_model, "d_ff": d_ff}
     try:
         program = scheme_program(
             scheme, m, batch, d_model, d_ff, layers=layers, dtype=dtype, activation=activation, axes=axes
         )
         padding: dict[str, tuple[int, int]] = {}
+        traced = sizes
     except DivisibilityError as err:
         if not pad:
             raise DivisibilityError(f"{err} Or pass pad=True to pad d_model and d_ff as FSDP does.") from None
@@ -228,6 +279,7 @@ def estimate(
             axes=axes,
         )
         padding = {k: (sizes[k], padded[k]) for k in sizes if padded[k] != sizes[k]}
+        traced = padded
     est = estimate_program(
         program,
         hw,
@@ -242,7 +294,32 @@ def estimate(
         efficiency=efficiency,
     )
     est.padding = padding
+    try:  # the memory of the same shapes' training step, as the Trainer's ledger measures it
+        est.memory, est.model_state = training_memory(
+            scheme, m, batch, traced["d_model"], traced["d_ff"], layers=layers, dtype=dtype,
+            optimizer=optimizer, precision=precision, activation=activation, axes=axes,
+        )
+    except ShardsimError as err:  # a scheme the Trainer cannot step yet: the passes' own ledger, said so
+        est.memory_source = f"the forward and backward passes only, no optimizer state ({scheme}: {err})"
+    else:
+        est.memory_source = source
     return est
+
+
+def _memory_source(optimizer: str, precision: str | None, dtype: str) -> str:
+    """The training step the memory is measured over, in words; an unknown optimizer or
+    precision fails here, before any tracing, with the training package's own error."""
+    from ..training import optim
+    from ..training.precision import Precision
+
+    optim.get(optimizer)
+    policy = Precision.of(precision if precision is not None else resolve_dtype(dtype).name)
+    return f"one training step, {optimizer} ({policy})"
+
+
+def _gb(n: float) -> str:
+    """Bytes as GB, four significant digits."""
+    return f"{n / 1e9:.4g}"
 
 
 def estimate_program(

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..array import ShapeDtype
+from ..dtypes import resolve_dtype
 from ..errors import ShardsimError
 from ..mesh import Mesh
 from ..tracing import Event, Trace
@@ -97,8 +98,57 @@ def scheme_program(
     result = run_strategy(
         scheme, fresh, params, x, ShapeDtype((batch, d_model), dtype), activation=activation, axes=axes
     )
-    memory = {c: int(np.max(v)) for c, v in result.memory.items()}
-    return Program(scheme, fresh, program_steps(result.trace.events, layers), layers, memory)
+    return Program(scheme, fresh, program_steps(result.trace.events, layers), layers, _per_chip(result.memory))
+
+
+def training_memory(
+    scheme: str,
+    mesh: Mesh,
+    batch: int,
+    d_model: int,
+    d_ff: int,
+    *,
+    layers: int = 1,
+    dtype: Any = "bfloat16",
+    optimizer: str = "adam",
+    precision: Any = None,
+    activation: str = "identity",
+    axes: Mapping[str, str] | None = None,
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Each category's per-chip peak bytes (and ``"total"``) over one shape-only training step,
+    and the model state (``params``, ``grads``, ``optimizer``) live when the backward pass has
+    finished and the update has not begun: the moment the ZeRO paper's figures describe.
+
+    The step is :class:`~shardsim.training.Trainer`'s own (forward, loss, backward, gradient
+    synchronisation, optimizer update), so the weights' master copies and the optimizer's
+    moments are counted where the plan keeps them; ``precision`` defaults to ``dtype``'s
+    policy (``bfloat16``: bf16 weights, float32 master weights and moments).
+
+    >>> from shardsim import Mesh
+    >>> peak, state = training_memory("zero3", Mesh(X=4), batch=64, d_model=32, d_ff=128)
+    >>> state["optimizer"] == 12 * (2 * 32 * 128) // 4  # float32 master + Adam's m and v, sharded
+    True
+    >>> peak["params"] > state["params"]  # the gathered weights come and go
+    True
+    """
+    from ..training import Trainer
+
+    stack = () if layers == 1 else (layers,)
+    params = {
+        "w_in": ShapeDtype((*stack, d_model, d_ff), dtype),
+        "w_out": ShapeDtype((*stack, d_ff, d_model), dtype),
+    }
+    x = ShapeDtype((batch, d_model), dtype)
+    fresh = Mesh(dict(zip(mesh.axis_names, mesh.shape)))
+    policy = resolve_dtype(dtype).name if precision is None else precision
+    trainer = Trainer(scheme, fresh, params, optimizer, precision=policy, activation=activation, axes=axes)
+    result = trainer.step(x, x)
+    return _per_chip(result.memory), _per_chip(result.model_state)
+
+
+def _per_chip(memory: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """The busiest chip's bytes in each category."""
+    return {c: int(np.max(v)) for c, v in memory.items()}
 
 
 def program_steps(events: Sequence[Event], layers: int = 1) -> list[Step]:

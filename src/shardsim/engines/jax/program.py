@@ -9,6 +9,7 @@ shape-only run of the same scheme on the stacked engine; that run also checks ev
 with the front end's errors before JAX sees anything.
 
 >>> import numpy as np, shardsim
+>>> from shardsim.engines.jax import run_strategy
 >>> p = shardsim.mlp.init(8, 16)
 >>> x = np.ones((4, 8), np.float32)
 >>> r = run_strategy("fsdp_tp", shardsim.Mesh(X=2, Y=2), p, x, x)
@@ -179,6 +180,7 @@ def compile(
     ``jax.make_jaxpr(fn)(*args)`` shows the program's collectives.
 
     >>> import numpy as np, shardsim
+    >>> from shardsim.engines.jax import compile
     >>> p = shardsim.mlp.init(8, 16)
     >>> fn, args = compile("ddp", shardsim.Mesh(X=2), p, np.ones((4, 8), np.float32), np.ones((4, 8), np.float32))
     >>> out, grads = fn(*args)
