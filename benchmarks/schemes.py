@@ -38,11 +38,20 @@ def single_device(params: dict[str, np.ndarray], x: np.ndarray, dout: np.ndarray
 
 
 def bare(
-    name: str, params: dict[str, np.ndarray], x: np.ndarray, dout: np.ndarray, *, record: bool = False
+    name: str,
+    params: dict[str, np.ndarray],
+    x: np.ndarray,
+    dout: np.ndarray,
+    *,
+    record: bool = False,
+    mesh: ss.Mesh | None = None,
 ) -> Callable[[], None]:
-    """The scheme's own steps; with ``record``, inside a trace (the ledger always runs)."""
+    """The scheme's own steps; with ``record``, inside a trace (the ledger always runs).
+
+    ``mesh`` defaults to the scheme's 8-chip mesh in ``MESHES``.
+    """
     scheme = strategies.get(name)
-    mesh = ss.Mesh(MESHES[name])
+    mesh = mesh or ss.Mesh(MESHES[name])
     ctx = Ctx(axes=dict(zip(scheme.roles, mesh.axis_names)), activation="relu")
     lay = scheme.layouts(ctx)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import operators as _operators  # noqa: F401 - puts the operators on ShardedArray
+from . import specs as _specs  # noqa: F401 - puts the PartitionSpec/placement methods on Layout
 from .array import ShapeDtype, ShardedArray, from_local, shard
 from .collectives import all_gather, all_reduce, all_to_all, ppermute, reduce_scatter
 from .errors import (

@@ -20,7 +20,7 @@ import numbers
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from .errors import (
     ShapeOnlyError,
     ShardingError,
 )
+from .holders import held_where
 from .layout import Layout
 from .mesh import Mesh
 
@@ -317,50 +318,33 @@ class ShardedArray:
         """``W_in[D_X, F_Y] (8, 16)``: how errors and traces name this value."""
         return f"{self.label or 'array'}{self.layout} {self.global_shape}"
 
-    # -- operators (implemented in shardsim.ops) ----------------------------------------
-    def __matmul__(self, other: ShardedArray) -> ShardedArray:
-        from .ops import matmul
+    # -- operators: implemented in shardsim.ops, put on the class by shardsim.operators ----
+    # (the layer above ops), so that this module needs nothing above it. Declared here for
+    # type checkers only.
+    if TYPE_CHECKING:
 
-        return matmul(self, other)
+        def __matmul__(self, other: ShardedArray) -> ShardedArray: ...
+        def __add__(self, other: Any) -> ShardedArray: ...
+        def __radd__(self, other: Any) -> ShardedArray: ...
+        def __sub__(self, other: Any) -> ShardedArray: ...
+        def __rsub__(self, other: Any) -> ShardedArray: ...
+        def __mul__(self, other: Any) -> ShardedArray: ...
+        def __rmul__(self, other: Any) -> ShardedArray: ...
+        def __truediv__(self, other: Any) -> ShardedArray: ...
+        def __rtruediv__(self, other: Any) -> ShardedArray: ...
+        def __neg__(self) -> ShardedArray: ...
+        def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any: ...
+        def astype(self, dtype: Any) -> ShardedArray: ...
+        def __getitem__(self, index: Any) -> ShardedArray: ...
+        @property
+        def T(self) -> ShardedArray: ...  # noqa: N802 - NumPy's name
+        def transpose(self, *order: int) -> ShardedArray: ...
+        def sum(self, dim: str | int, *, label: str | None = None) -> ShardedArray: ...
 
     def __rmatmul__(self, other: Any) -> ShardedArray:
         raise ShardingError(
             f"cannot multiply a NumPy array by {self.describe()}: shard it first with shardsim.shard(...)"
         )
-
-    def __add__(self, other: Any) -> ShardedArray:
-        from .ops import add
-
-        return add(self, other)
-
-    __radd__ = __add__
-
-    def __sub__(self, other: Any) -> ShardedArray:
-        from .ops import subtract
-
-        return subtract(self, other)
-
-    def __rsub__(self, other: Any) -> ShardedArray:
-        from .ops import subtract
-
-        return subtract(other, self)
-
-    def __mul__(self, other: Any) -> ShardedArray:
-        from .ops import multiply
-
-        return multiply(self, other)
-
-    __rmul__ = __mul__
-
-    def __truediv__(self, other: Any) -> ShardedArray:
-        from .ops import divide
-
-        return divide(self, other)
-
-    def __rtruediv__(self, other: Any) -> ShardedArray:
-        from .ops import divide
-
-        return divide(other, self)
 
     def __floordiv__(self, other: Any) -> ShardedArray:
         return self.__array_ufunc__(np.floor_divide, "__call__", self, other)
@@ -380,11 +364,6 @@ class ShardedArray:
     def __rpow__(self, other: Any) -> ShardedArray:
         return self.__array_ufunc__(np.power, "__call__", other, self)
 
-    def __neg__(self) -> ShardedArray:
-        from .ops import multiply
-
-        return multiply(self, -1.0)
-
     def __abs__(self) -> ShardedArray:
         return self.__array_ufunc__(np.absolute, "__call__", self)
 
@@ -395,43 +374,6 @@ class ShardedArray:
         if dtype is not None:
             return out.astype(resolve_dtype(dtype))
         return out.copy() if copy else out
-
-    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        """NumPy ufuncs (``np.exp(x)``, ``np.add(x, y)``) run on every chip's block (see ``ops.apply_ufunc``)."""
-        from .ops import apply_ufunc
-
-        return apply_ufunc(ufunc, method, inputs, kwargs)
-
-    def astype(self, dtype: Any) -> ShardedArray:
-        """The value in another dtype, same layout (NumPy's ``astype``; see :func:`shardsim.cast`)."""
-        from .ops import cast
-
-        return cast(self, dtype)
-
-    def __getitem__(self, index: Any) -> ShardedArray:
-        """Basic indexing (integers, slices, ``...``) along dimensions that are not split."""
-        from .ops import take_basic
-
-        return take_basic(self, index)
-
-    @property
-    def T(self) -> ShardedArray:  # noqa: N802 - NumPy's name
-        """Swap the last two dimensions; each keeps its sharding (``[B_X, D_Y].T == [D_Y, B_X]``)."""
-        from .ops import transpose
-
-        return transpose(self)
-
-    def transpose(self, *order: int) -> ShardedArray:
-        """Permute dimensions (NumPy's ``transpose``); each keeps its sharding."""
-        from .ops import transpose
-
-        return transpose(self, order if order else tuple(reversed(range(self.ndim))))  # NumPy: reverse all
-
-    def sum(self, dim: str | int, *, label: str | None = None) -> ShardedArray:
-        """Sum over a dimension; over a split dimension the result is a partial sum over its axes."""
-        from .ops import sum_dim
-
-        return sum_dim(self, dim, label=label)
 
 
 def read_only(a: np.ndarray) -> np.ndarray:
@@ -574,39 +516,6 @@ def check_same_mesh(*arrays: ShardedArray) -> Mesh:
                 "build both on one Mesh object"
             )
     return mesh
-
-
-def held_where(*arrays: ShardedArray) -> np.ndarray | None:
-    """The chips holding every one of ``arrays`` (bool, ``mesh.shape``); None when that is all chips.
-
-    A value held only on some chips (``holders``, e.g. one pipeline stage's activations) can
-    meet another only where both are: a local op's result lives there. Values with no chip
-    in common raise ShardingError.
-
-    >>> import numpy as np, shardsim
-    >>> mesh = shardsim.Mesh(Z=2)
-    >>> a = shardsim.shard(np.ones(2), mesh, "[D]")
-    >>> held_where(a) is None
-    True
-    """
-    masks = [a.holders for a in arrays if a.holders is not None]
-    if not masks:
-        return None
-    held = np.logical_and.reduce(masks) if len(masks) > 1 else masks[0]
-    if not held.any():
-        where = "; ".join(f"{a.describe()} on {held_text(a)}" for a in arrays if a.holders is not None)
-        raise ShardingError(
-            f"no chip holds all of the operands ({where}); move one to the other's chips first (ppermute)"
-        )
-    return held
-
-
-def held_text(x: ShardedArray) -> str:
-    """``every chip`` or the chips holding ``x``, e.g. ``(X0,Z1) (X1,Z1)``."""
-    if x.holders is None:
-        return "every chip"
-    mesh = x.mesh
-    return " ".join(mesh.chip_name(dict(zip(mesh.axis_names, map(int, c)))) for c in np.argwhere(x.holders))
 
 
 def check_same_kind(*arrays: ShardedArray) -> bool:

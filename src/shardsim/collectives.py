@@ -37,9 +37,10 @@ from typing import Any
 import numpy as np
 
 from . import engines, tracing
-from .array import ShardedArray, _LazyMatmul, held_text, local_shape_of, require_array
+from .array import ShardedArray, _LazyMatmul, local_shape_of, require_array
 from .dtypes import resolve_dtype
 from .errors import ArgumentTypeError, ChipFailureError, CollectiveError, ShardingError
+from .holders import held_text
 from .layout import Layout
 from .mesh import normalize_axes
 

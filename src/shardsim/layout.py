@@ -69,32 +69,17 @@ class Layout:
             raise LayoutParseError(f"a layout is a string such as '[B_X, D_Y]', got {text!r}")
         return _Parser(text, axis_names).parse()
 
-    # -- JAX PartitionSpec and DTensor placements (the mapping lives in shardsim.specs) -----
-    @classmethod
-    def from_partition_spec(cls, spec: Iterable[Any], mesh: Mesh, **kwargs: Any) -> Layout:
-        """The layout of a ``PartitionSpec`` on ``mesh`` (see :func:`shardsim.specs.from_partition_spec`)."""
-        from .specs import from_partition_spec
+    # -- JAX PartitionSpec and DTensor placements: the mapping lives in shardsim.specs (a
+    # layer above, as it reads meshes), which puts these four methods on the class. Declared
+    # here for type checkers only.
+    if TYPE_CHECKING:
 
-        return from_partition_spec(spec, mesh, **kwargs)
-
-    def to_partition_spec(self) -> Any:
-        """This layout as a ``PartitionSpec`` (see :func:`shardsim.specs.to_partition_spec`)."""
-        from .specs import to_partition_spec
-
-        return to_partition_spec(self)
-
-    @classmethod
-    def from_placements(cls, placements: Sequence[Any], mesh: Mesh, ndim: int, **kwargs: Any) -> Layout:
-        """The layout of DTensor placements on ``mesh`` (see :func:`shardsim.specs.from_placements`)."""
-        from .specs import from_placements
-
-        return from_placements(placements, mesh, ndim, **kwargs)
-
-    def to_placements(self, mesh: Mesh) -> tuple[Any, ...]:
-        """This layout as DTensor placements, one per mesh axis (see :func:`shardsim.specs.to_placements`)."""
-        from .specs import to_placements
-
-        return to_placements(self, mesh)
+        @classmethod
+        def from_partition_spec(cls, spec: Iterable[Any], mesh: Mesh, **kwargs: Any) -> Layout: ...
+        def to_partition_spec(self) -> Any: ...
+        @classmethod
+        def from_placements(cls, placements: Sequence[Any], mesh: Mesh, ndim: int, **kwargs: Any) -> Layout: ...
+        def to_placements(self, mesh: Mesh) -> tuple[Any, ...]: ...
 
     @property
     def rank(self) -> int:

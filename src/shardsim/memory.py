@@ -93,9 +93,10 @@ class MemoryLedger:
                 f"{fmt_bytes(_MOST)}, the most the ledger counts and far more than any chip holds; "
                 "release values or use smaller sizes"
             )
-        per_chip = np.full(self.mesh.shape, value.local_nbytes, np.int64)
-        if value.holders is not None:
-            per_chip = per_chip * value.holders
+        if value.holders is None:  # the same bytes on every chip: one number seen as mesh.shape, not a copy per chip
+            per_chip = np.broadcast_to(np.int64(value.local_nbytes), self.mesh.shape)
+        else:
+            per_chip = np.full(self.mesh.shape, value.local_nbytes, np.int64) * value.holders
         self._check_capacity(value, per_chip)
         self._entries[value.storage] = _Entry(
             value.label or "", str(value.layout), value.category, per_chip, ref=weakref.ref(value)

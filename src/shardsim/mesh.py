@@ -16,14 +16,11 @@ import itertools
 import math
 import numbers
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import ArgumentTypeError, MeshAxisError, ShardingError
-
-if TYPE_CHECKING:
-    from .memory import MemoryLedger
+from .memory import MemoryLedger
 
 MAX_AXES = 4
 # The ledger and the slowdowns hold one number per chip: past 2**24 chips (16.8 million, a
@@ -172,8 +169,6 @@ class Mesh:
     def memory(self) -> MemoryLedger:
         """This mesh's per-chip memory ledger (live and peak bytes by category)."""
         if self._ledger is None:
-            from .memory import MemoryLedger
-
             self._ledger = MemoryLedger(self)
         return self._ledger
 

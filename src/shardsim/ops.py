@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from . import activations, engines, tracing
-from .array import ShardedArray, _LazyMatmul, check_same_kind, check_same_mesh, held_where, require_array
+from .array import ShardedArray, _LazyMatmul, check_same_kind, check_same_mesh, require_array
 from .dtypes import resolve_dtype
 from .errors import ArgumentTypeError, DtypeError, PartialSumError, ShapeError, ShardingError
+from .holders import held_where
 from .layout import Dim, Layout, matmul_layout
 
 

@@ -37,9 +37,10 @@ from typing import Any, cast
 
 import numpy as np
 
-from .array import ShardedArray, check_same_kind, check_same_mesh, compact_shape, held_text, local_shape_of
+from .array import ShardedArray, check_same_kind, check_same_mesh, compact_shape, local_shape_of
 from .dtypes import resolve_dtype
 from .errors import DivisibilityError, PartialSumError, ShapeError, ShardingError
+from .holders import held_text
 from .layout import Dim, Layout
 from .mesh import normalize_axes
 

@@ -302,3 +302,24 @@ __all__ = [
     "to_partition_spec",
     "to_placements",
 ]
+
+
+# The same mappings as Layout's methods (``Layout.from_partition_spec(spec, mesh)``,
+# ``layout.to_placements(mesh)``): Layout sits below meshes, so the methods are put on it
+# from here. ``import shardsim`` imports this module.
+def _layout_from_partition_spec(cls: type[Layout], spec: Iterable[Any], mesh: Mesh, **kwargs: Any) -> Layout:
+    """The layout of a ``PartitionSpec`` on ``mesh`` (see :func:`shardsim.specs.from_partition_spec`)."""
+    return from_partition_spec(spec, mesh, **kwargs)
+
+
+def _layout_from_placements(
+    cls: type[Layout], placements: Sequence[Any], mesh: Mesh, ndim: int, **kwargs: Any
+) -> Layout:
+    """The layout of DTensor placements on ``mesh`` (see :func:`shardsim.specs.from_placements`)."""
+    return from_placements(placements, mesh, ndim, **kwargs)
+
+
+setattr(Layout, "from_partition_spec", classmethod(_layout_from_partition_spec))  # noqa: B010 - see above
+setattr(Layout, "to_partition_spec", to_partition_spec)  # noqa: B010
+setattr(Layout, "from_placements", classmethod(_layout_from_placements))  # noqa: B010
+setattr(Layout, "to_placements", to_placements)  # noqa: B010

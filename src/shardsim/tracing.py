@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import ShardingError
+from .holders import held_where
 
 if TYPE_CHECKING:
     from .array import ShardedArray
@@ -281,8 +282,6 @@ def record(
 
 def _where(inputs: Sequence[ShardedArray]) -> str:
     """``"Z1"``: the mesh coordinates all chips holding every input share ("" if every chip holds them)."""
-    from .array import held_where
-
     held = held_where(*inputs)
     if held is None:
         return ""

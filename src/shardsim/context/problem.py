@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 
 from .. import tracing
-from ..array import ShardedArray, check_same_kind, check_same_mesh, compact_shape, held_where, local_shape_of
+from ..array import ShardedArray, check_same_kind, check_same_mesh, compact_shape, local_shape_of
 from ..errors import DivisibilityError, PartialSumError, ShapeError, ShardingError
+from ..holders import held_where
 from ..layout import Dim, Layout
 from ..mesh import Mesh
 from . import kernels
