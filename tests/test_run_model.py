@@ -243,6 +243,9 @@ def test_bad_inputs_name_the_culprit() -> None:
         run_model(BASE, Plan(dp=2), Plan(dp=2).mesh(), params, np.zeros((3, 4), int), np.zeros((3, 4), int))
     with pytest.raises(ShapeError, match="missing"):
         run_model(BASE, plan, plan.mesh(), {k: v for k, v in params.items() if k != "embed"}, tok, tok)
+    wrong = {**params, "embed": ShapeDtype((params["embed"].shape[0] + 1, params["embed"].shape[1]), "float32")}
+    with pytest.raises(ShapeError, match=r"param 'embed' has shape \(\d+, \d+\), but the config"):
+        run_model(BASE, plan, plan.mesh(), wrong, tok, tok)  # shape-only weights are checked by shape too
     with pytest.raises(ModelInputError, match="integer token ids"):
         run_model(BASE, plan, plan.mesh(), params, tok.astype(float), tok)
 

@@ -14,13 +14,12 @@ heads=2 does not divide by tp=4 (the model axis 'model')
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ..array import ShapeDtype
-from ..errors import DivisibilityError, ModelInputError, PlanError, ShapeError
+from ..errors import DivisibilityError, ModelInputError, PlanError
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..plan import Plan
@@ -116,22 +115,6 @@ def check_pipeline(cfg: TransformerConfig, plan: Plan, batch: int) -> None:
 
 def shape_of(v: Any) -> tuple[int, ...]:
     return tuple(v.shape) if isinstance(v, ShapeDtype) else np.shape(v)
-
-
-def check_params(cfg: TransformerConfig, params: Mapping[str, Any]) -> None:
-    want = cfg.param_shapes()
-    missing = [k for k in want if k not in params]
-    extra = [k for k in params if k not in want]
-    if missing or extra:
-        raise ShapeError(
-            f"params do not match the model {cfg.name or 'config'}: "
-            + (f"missing {missing[:4]}{'...' if len(missing) > 4 else ''} " if missing else "")
-            + (f"unknown {extra[:4]}" if extra else "")
-            + "; build them with shardsim.models.reference.init(cfg)"
-        )
-    for k, shape in want.items():
-        if shape_of(params[k]) != shape:
-            raise ShapeError(f"param {k} must have shape {shape} for this config, got {shape_of(params[k])}")
 
 
 def check_tokens(cfg: TransformerConfig, plan: Plan, tokens: Any, targets: Any) -> tuple[int, int]:

@@ -35,6 +35,7 @@ from ..errors import ShardingError
 from ..memory import MemoryLedger
 from ..mesh import Mesh
 from ..models import TransformerConfig
+from ..models.inputs import check_params
 from ..plan import Plan
 from ..tracing import Trace, phase, trace
 from ..training.precision import Precision
@@ -153,7 +154,7 @@ def run_model(
     reference's masks.
     """
     checks.check_plan(plan, mesh)
-    checks.check_params(cfg, params)
+    check_params(cfg, params)  # the reference's own check: one list of weights, one message
     _, s = checks.check_tokens(cfg, plan, tokens, targets)
     checks.check_model(cfg, plan, s, dropout_on=dropout_seed is not None and cfg.dropout > 0.0)
     if plan.pp > 1:
