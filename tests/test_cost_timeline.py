@@ -68,7 +68,7 @@ def test_compute_waits_for_gathered_weights_through_transposes():
     bars = est.timeline.bars
     for b in bars:
         if b.op == "matmul" and b.phase == "backward" and "W_" in b.label:
-            weight = b.label.split(" @ ")[1]
+            weight = b.label.split(" @ ")[1].removesuffix(".T")  # the gathered W, read transposed
             gathers = [g for g in bars if g.op == "all_gather" and g.label == weight and g.phase == "backward"]
             assert len(gathers) == 1 and gathers[0].layer == b.layer
             gather = gathers[0]

@@ -50,3 +50,35 @@ def test_named_steps_keep_their_labels() -> None:
 
     r = s.run_strategy("fsdp", shardsim.Mesh(X=2), shardsim.mlp.init(4, 8), np.ones((2, 4)), np.ones((2, 4)))
     assert [step_labels(r.trace.events)[e.index] for e in r.trace] == [e.label for e in r.trace]
+
+
+def test_backward_matmuls_name_their_transposes_everywhere() -> None:
+    """fsdp.py computes ``h.T @ dout``, ``dout @ w_out.T``, ``x.T @ dh``, ``dh @ w_in.T``: the
+    trace, its table and the exported chrome trace say so, and every ``.T`` operand is read in
+    its value's first layout with the last two dimensions swapped."""
+    import shardsim.strategies as s
+
+    r = s.run_strategy("fsdp", shardsim.Mesh(X=2), shardsim.mlp.init(4, 8), np.ones((2, 4)), np.ones((2, 4)))
+    matmuls = [e for e in r.trace if e.op == "matmul" and e.phase == "backward"]
+    labels = ["H_pre.T @ dOut", "dOut @ W_out.T", "In.T @ dH", "dH @ W_in.T"]
+    assert [e.label for e in matmuls] == labels
+    first: dict[int, str] = {}  # the layout each value had when a step first read or made it
+    for e in r.trace:
+        for uid, before in zip(e.inputs, e.before):
+            first.setdefault(uid, before)
+        first.setdefault(e.output, e.after)
+    for e in matmuls:
+        for part, uid, before in zip(e.label.split(" @ "), e.inputs, e.before):
+            natural = shardsim.Layout.parse(first[uid]).dims
+            swapped = natural[:-2] + natural[-2:][::-1]
+            assert shardsim.Layout.parse(before).dims == (swapped if part.endswith(".T") else natural), e
+    assert all(label in trace_table(r.trace) for label in labels)
+    names = {ev["name"] for ev in r.trace.to_chrome_trace()["traceEvents"] if ev.get("ph") == "X"}
+    assert {f"matmul {label}" for label in labels} <= names
+
+
+def test_transposing_twice_gives_back_the_name() -> None:
+    mesh = shardsim.Mesh(X=2)
+    w = shardsim.shard(np.ones((4, 2)), mesh, "D F_X", label="W")
+    assert w.T.label == "W.T" and w.T.T.label == "W" and w.label == "W"
+    assert shardsim.ops.transpose(w, label="V").label == "V"  # an explicit label wins

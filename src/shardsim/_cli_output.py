@@ -25,8 +25,6 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
-from .errors import ShardsimError
-
 T = TypeVar("T")
 
 
@@ -104,49 +102,3 @@ def _is_tty(stream: IO[str]) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
-
-
-def matmul_labels(events: Sequence[Any], axis_names: Sequence[str]) -> dict[int, str]:
-    """Each matmul's label with its transposed operands marked, by event index: the backward
-    pass's ``In @ dH`` is ``In.T @ dH`` (``x.T @ dh`` in the scheme), ``dOut @ W_out`` is
-    ``dOut @ W_out.T``.
-
-    An operand is transposed when its dimensions are those of the value it reads (the layout
-    the event that made it wrote, or the value's first layout in the trace) with the last
-    two swapped.
-
-    >>> from shardsim import Mesh, ShapeDtype, shard, trace
-    >>> mesh = Mesh(X=2)
-    >>> x = shard(ShapeDtype((4, 8)), mesh, "B_X D", label="In")
-    >>> w = shard(ShapeDtype((8, 2)), mesh, "D F", label="W")
-    >>> with trace() as t:
-    ...     h = (x @ w).named("H")
-    ...     dw = x.T @ h
-    >>> matmul_labels(t.events, mesh.axis_names)
-    {0: 'In @ W', 1: 'In.T @ H'}
-    """
-    from .layout import Layout
-
-    def names(text: str) -> tuple[str, ...] | None:
-        try:
-            return Layout.parse(text, axis_names).names
-        except ShardsimError:
-            return None
-
-    natural: dict[int, tuple[str, ...] | None] = {}
-    out = {}
-    for e in events:
-        parts = e.label.split(" @ ")
-        if e.op == "matmul" and len(parts) == len(e.before) == len(e.inputs):
-            marked = []
-            for part, before, uid in zip(parts, e.before, e.inputs):
-                seen = names(before)
-                first = natural.setdefault(uid, seen)
-                swapped = first is not None and len(first) >= 2 and first[:-2] + first[-2:][::-1] == seen
-                marked.append(f"{part}.T" if swapped and first != seen else part)
-            out[e.index] = " @ ".join(marked)
-        elif len(e.before) == len(e.inputs):
-            for before, uid in zip(e.before, e.inputs):
-                natural.setdefault(uid, names(before))
-        natural[e.output] = names(e.after)
-    return out

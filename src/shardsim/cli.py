@@ -48,7 +48,7 @@ from ._cli_args import (
     seed,
     write_chrome_trace_option,
 )
-from ._cli_output import add_output_options, matmul_labels, progress, write_csv, write_json
+from ._cli_output import add_output_options, progress, write_csv, write_json
 from ._options import key_values, mesh_sizes, positive_int
 from .array import ShapeDtype, shard
 from .cost import cli as cost_cli
@@ -461,11 +461,10 @@ _OP_NAMES = {
 }
 
 
-def step_rows(events: Sequence[Event], labels: Mapping[int, str] | None = None) -> list[tuple[str, ...]]:
+def step_rows(events: Sequence[Event]) -> list[tuple[str, ...]]:
     """One table row per event: number, step, axis, array, layout after, bytes sent and FLOPs per
-    chip; ``labels`` overrides an event's label by its index (the matmuls' transposes), and an
-    unnamed value is named after the step that made it (:func:`~shardsim.pictures.step_labels`)."""
-    names = step_labels(events, labels)
+    chip; an unnamed value is named after the step that made it (:func:`~shardsim.pictures.step_labels`)."""
+    names = step_labels(events)
     rows: list[tuple[str, ...]] = [("#", "step", "axis", "array", "layout after", "sent/chip", "FLOPs/chip")]
     for i, e in enumerate(events, 1):
         rows.append(
@@ -536,7 +535,6 @@ def render(run: DemoRun, *, dtype: str, activation: str) -> str:
         out.append(f"  {label}{lay} {value.global_shape}")
         out.extend(chip_lines(value, width=WIDTH, indent="    "))
         del value
-    labels = matmul_labels(r.trace.events, r.mesh.axis_names)
     for phase in ("forward", "backward"):
         events = [e for e in r.trace if e.phase == phase]
         sent = sum(e.sent_bytes for e in events)
@@ -547,7 +545,7 @@ def render(run: DemoRun, *, dtype: str, activation: str) -> str:
             f"{phase.capitalize()}: {collectives} collectives, {fmt_bytes(sent)} sent and {flops:,} FLOPs per chip",
         ]
         if events:
-            out.append(_indent(_table(_right(step_rows(events, labels), (5, 6)))))
+            out.append(_indent(_table(_right(step_rows(events), (5, 6)))))
         else:
             out.append("  (no steps)")
     out += ["", "Peak memory per chip, by category (bytes above the start of the run):"]
@@ -747,7 +745,6 @@ def demo_row(run: DemoRun) -> dict[str, Any]:
 def demo_record(run: DemoRun) -> dict[str, Any]:
     """One scheme's demo as plain data (``--json``; schema in ``docs/cli.md``)."""
     r = run.result
-    labels = matmul_labels(r.trace.events, r.mesh.axis_names)
     return {
         **demo_row(run),
         "mesh": dict(zip(r.mesh.axis_names, r.mesh.shape)),
@@ -759,7 +756,7 @@ def demo_record(run: DemoRun) -> dict[str, Any]:
                 "phase": e.phase,
                 "op": e.op,
                 "axes": list(e.axes),
-                "label": labels.get(e.index, e.label),
+                "label": e.label,
                 "layout": e.after,
                 "sent_bytes": e.sent_bytes,
                 "flops": e.flops,

@@ -232,9 +232,23 @@ def transpose(x: ShardedArray, order: Sequence[int] | None = None, *, label: str
         lazy = _LazyMatmul(np.swapaxes(x._lazy.rhs, -1, -2), np.swapaxes(x._lazy.lhs, -1, -2))
     elif not x.is_shape_only:
         data = engines.active().transpose(x.compact(), nm, perm)
+    if label is None and x.label and perm[-2:] == [x.ndim - 1, x.ndim - 2] and perm[:-2] == list(range(x.ndim - 2)):
+        label = transposed_label(x.label)
     return ShardedArray(
         x.mesh, layout, shape, x.dtype, data, lazy=lazy, label=label or x.label, category=x.category, view_of=x
     )
+
+
+def transposed_label(label: str) -> str:
+    """The label of a value with its last two dimensions swapped: ``W`` → ``W.T``, ``W.T`` → ``W``.
+
+    Traces, pictures and exported traces then name a backward matmul by what it computes:
+    ``In.T @ dH``, ``dOut @ W_out.T``.
+
+    >>> transposed_label("W_out"), transposed_label("W_out.T")
+    ('W_out.T', 'W_out')
+    """
+    return label.removesuffix(".T") if label.endswith(".T") else f"{label}.T"
 
 
 def take_basic(x: ShardedArray, index: Any) -> ShardedArray:

@@ -142,12 +142,11 @@ def show(x: ShardedArray | Trace | Mesh | MemoryLedger) -> None:
     print(layout_text(x) if isinstance(x, ShardedArray) else str(x))
 
 
-def step_labels(events: Sequence[Event], labels: Mapping[int, str] | None = None) -> dict[int, str]:
+def step_labels(events: Sequence[Event]) -> dict[int, str]:
     """Each step's label by event index, with every unnamed value (``?``) named after the step
     that made it: the all_gather of an unnamed ``In @ W_in`` reads ``matmul(In, W_in)``.
 
-    ``labels`` overrides a step's own label (the matmuls' transposes); a value no traced step
-    made (an unnamed input of the program) stays ``?``.
+    A value no traced step made (an unnamed input of the program) stays ``?``.
 
     >>> import numpy as np, shardsim
     >>> mesh = shardsim.Mesh(X=2)
@@ -158,11 +157,10 @@ def step_labels(events: Sequence[Event], labels: Mapping[int, str] | None = None
     >>> step_labels(t.events)
     {0: 'In @ W_in', 1: 'matmul(In, W_in)'}
     """
-    labels = labels or {}
     made: dict[int, str] = {}  # value id -> its readable name
     out: dict[int, str] = {}
     for e in events:
-        label = labels.get(e.index, e.label)
+        label = e.label
         if e.op == "matmul":
             parts = label.split(" @ ")
             if len(parts) == len(e.inputs):  # each operand read from one traced value: name it
