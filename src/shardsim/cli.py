@@ -49,14 +49,14 @@ from ._cli_args import (
     write_chrome_trace_option,
 )
 from ._cli_output import add_output_options, progress, write_csv, write_json
+from ._format import fmt_bytes, table_text
 from ._options import key_values, mesh_sizes, positive_int
 from .array import ShapeDtype, shard
 from .cost import cli as cost_cli
 from .dtypes import resolve_dtype, tolerance
 from .errors import CommandLineError, MeshAxisError, ShardsimError
-from .memory import fmt_bytes
 from .mesh import Mesh
-from .pictures import _table, chip_lines, step_labels
+from .pictures import chip_lines, step_labels
 from .strategies import StrategyResult
 from .strategies.base import ROLE_DEFAULTS
 from .strategies.runner import run as run_scheme
@@ -481,12 +481,6 @@ def step_rows(events: Sequence[Event]) -> list[tuple[str, ...]]:
     return rows
 
 
-def _right(rows: list[tuple[str, ...]], columns: Sequence[int]) -> list[tuple[str, ...]]:
-    """Right-align the given columns (numbers) by padding them to their widest cell."""
-    widths = {c: max(len(r[c]) for r in rows) for c in columns}
-    return [tuple(v.rjust(widths[i]) if i in widths else v for i, v in enumerate(r)) for r in rows]
-
-
 def _indent(text: str, by: str = "  ") -> str:
     return "\n".join(by + line if line else line for line in text.splitlines())
 
@@ -545,15 +539,15 @@ def render(run: DemoRun, *, dtype: str, activation: str) -> str:
             f"{phase.capitalize()}: {collectives} collectives, {fmt_bytes(sent)} sent and {flops:,} FLOPs per chip",
         ]
         if events:
-            out.append(_indent(_table(_right(step_rows(events), (5, 6)))))
+            out.append(_indent(table_text(step_rows(events), right={0, 5, 6})))
         else:
             out.append("  (no steps)")
     out += ["", "Peak memory per chip, by category (bytes above the start of the run):"]
-    out.append(_indent(_table(_right(memory_rows(r), range(1, len(r.memory) + 1)))))
+    out.append(_indent(table_text(memory_rows(r), right=range(1, len(r.memory) + 1))))
     out += ["", "Check against the single-device computation (scheme's reference):"]
     rows: list[tuple[str, ...]] = [("value", "max abs error", "tolerance", "")]
     rows += [(name, f"{err:.2e}", f"{tol:.2e}", "PASS" if ok else "FAIL") for name, err, tol, ok in run.checks]
-    out.append(_indent(_table(rows)))
+    out.append(_indent(table_text(rows, right={1, 2})))
     out.append(f"  {r.scheme}: {'PASS' if run.ok else 'FAIL'}")
     return "\n".join(out)
 
@@ -573,7 +567,7 @@ def summary_table(runs: Sequence[DemoRun]) -> str:
                 "PASS" if run.ok else "FAIL",
             )
         )
-    return _table(_right(rows, (2, 3, 4)))
+    return table_text(rows, right={2, 3, 4})
 
 
 def _demo_options(p: argparse.ArgumentParser) -> None:
@@ -799,7 +793,7 @@ def schemes(args: argparse.Namespace) -> int:
         lines = textwrap.wrap(text, max(30, WIDTH - lead))
         rows.append((name, ",".join(s.roles), lines[0]))
         rows.extend(("", "", more) for more in lines[1:])
-    print(_table(rows))
+    print(table_text(rows))
     return 0
 
 

@@ -225,11 +225,6 @@ def _memory_rows(ledger: MemoryLedger) -> tuple[list[tuple[str, ...]], set[int]]
     return rows, set(range(1, len(rows[0])))
 
 
-def _table(rows: Sequence[tuple[str, ...]]) -> str:
-    """Left-aligned columns, for the CLI's tables (which right-pad their numbers themselves)."""
-    return table_text(rows)
-
-
 # -- HTML for notebooks -----------------------------------------------------------------------
 _COLORS = ["#fde2e4", "#e2ece9", "#dfe7fd", "#fff1e6", "#e8e8e4", "#f0efeb", "#d8e2dc", "#cddafd"]
 

@@ -44,6 +44,7 @@ from .._cli_args import (
     write_chrome_trace_option,
 )
 from .._cli_output import add_output_options, progress, write_csv, write_json
+from .._format import fmt_bytes, table_text
 from ..array import ShapeDtype
 from ..dtypes import eps, tolerance
 from ..mesh import Mesh
@@ -310,7 +311,7 @@ def loss_table(
         rows.append(
             (name, _mesh_text(mesh), *(f"{v:.6g}" for v in got), f"{relative_error(got, want):.1e} {verdicts[name]}")
         )
-    return "Loss per step (mean squared error before each update)\n" + _table(rows)
+    return "Loss per step (mean squared error before each update)\n" + table_text(rows, right=range(2, steps + 2))
 
 
 def _mesh_text(mesh: Mesh) -> str:
@@ -377,43 +378,28 @@ def memory_table(
         formula = "-"
         if name is not None and scheme in formulas.SCHEME_STAGES:
             axes = {role: mesh.axis_size(axis) for role, axis in r.axes.items()}
-            formula = _bytes(sum(formulas.scheme_model_state(scheme, num_params, axes, name, opt).values()))
+            formula = fmt_bytes(sum(formulas.scheme_model_state(scheme, num_params, axes, name, opt).values()))
         stage = formulas.SCHEME_STAGES.get(scheme, "-")
         sent = sum(r.trace.total("sent_bytes", phase=p) for p in ("forward", "backward", "optimizer"))
         rows.append(
             (
                 scheme,
                 str(stage) if scheme in ("ddp", "zero1", "zero2", "zero3", "fsdp") else f"({stage})",
-                *(_bytes(state[c]) for c in CATEGORIES),
-                _bytes(sum(state.values())),
+                *(fmt_bytes(state[c]) for c in CATEGORIES),
+                fmt_bytes(sum(state.values())),
                 formula,
-                _bytes(int(r.memory["activations"][chip0])),
-                _bytes(int(r.memory["total"][chip0])),
-                _bytes(sent),
+                fmt_bytes(int(r.memory["activations"][chip0])),
+                fmt_bytes(int(r.memory["total"][chip0])),
+                fmt_bytes(sent),
             )
         )
     note = (
-        "Per-chip memory (chip 0, bytes): params, grads and optimizer state live when the backward pass\n"
+        "Per-chip memory (chip 0): params, grads and optimizer state live when the backward pass\n"
         "ends (what the ZeRO formulas count), their closed form, the step's activation and total peaks,\n"
         "and the bytes each chip sent for weights and gradients in one step. tp and fsdp_tp shard all\n"
         "state like stage 3, over their own chips."
     )
-    return note + "\n" + _table(rows)
-
-
-def _bytes(n: float) -> str:
-    return f"{n:,.0f}"
-
-
-def _table(rows: Sequence[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for j, row in enumerate(rows):
-        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
-        lines.append("  ".join(cells).rstrip())
-        if j == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return note + "\n" + table_text(rows, right=range(2, len(header)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
