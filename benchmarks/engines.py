@@ -121,7 +121,7 @@ def main() -> None:
     fns: list[Callable[[], Any]] = []
     for name in MESHES:
         fns += contenders(name, params, x, dout)
-    times = medians(fns, args.repeats)
+    times = medians(fns, args.repeats, alternate=True)
     print(f"{cpu()}, jax {jax.__version__}, 8 CPU devices, {args.repeats} rounds")
     print(f"{'scheme':<10}{'mesh':<16}{'engine ms':>10}{'shard_map ms':>14}{'ratio':>8}")
     for i, name in enumerate(MESHES):

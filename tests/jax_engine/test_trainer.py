@@ -71,19 +71,115 @@ def test_the_step_is_one_jitted_program_with_sharded_state() -> None:
     x = np.ones((4, 8), np.float32)
     t.step(x, 0 * x)
     step = t._engine_step
-    weights, moments, *_ = step._arguments(x, 0 * x)
+    weights, _, moments, *_ = step._arguments(x, 0 * x)
     assert moments[0]["w_in"]["m"].sharding.spec == jax.sharding.PartitionSpec("X", None)  # ZeRO: state in slices
     assert weights[0]["w_in"].sharding.spec == jax.sharding.PartitionSpec(None, None)  # the weights whole
     text = step._fn.as_text()
     assert "all-gather" in text and "reduce-scatter" in text  # one XLA program holds the optimizer's collectives
 
 
+MIXED = [
+    ("ddp", {"X": 4}, SGD(lr=0.1)),
+    ("fsdp", {"X": 4}, SGD(lr=0.1, momentum=0.9)),
+    ("tp", {"Y": 2}, SGD(lr=0.1, momentum=0.9, weight_decay=0.01)),
+    ("fsdp_tp", {"X": 2, "Y": 2}, Adam(lr=0.01)),
+    ("zero1", {"X": 4}, SGD(lr=0.1, momentum=0.9)),  # the update casts the masters' slices, then gathers
+    ("zero2", {"X": 2}, AdamW(lr=0.01)),
+    ("zero3", {"X": 4}, SGD(lr=0.1)),
+]
+STEPS = 3
+
+
+@pytest.mark.parametrize(("name", "shape", "opt"), MIXED)
+def test_mixed_precision_jax_trainer_equals_numpy_trainer(name: str, shape: dict[str, int], opt: object) -> None:
+    """bfloat16 compute, float32 masters and moments: the same steps, trace and ledger on both engines.
+
+    On both, the 16-bit weights are exactly the masters rounded to bfloat16. The engines may
+    sum a matmul's bfloat16 products in another order (the first losses differ by ~1e-3),
+    so the losses agree to two bfloat16 ulps and SGD's masters (``w - lr g``) to two ulps of
+    the gradients' scale. Adam divides by ``sqrt(v)``, so a gradient near zero may flip its
+    step's sign: its masters agree to the steps' size, ``2 lr`` per step.
+    """
+    params = shardsim.mlp.init_stack(2, 8, 16, seed=3, dtype="float32")
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((8, 8)).astype("float32"), rng.standard_normal((8, 8)).astype("float32")
+    got = Trainer(name, shardsim.Mesh(shape), params, opt, activation="gelu", precision="bf16", engine="jax")
+    want = Trainer(name, shardsim.Mesh(shape), params, opt, activation="gelu", precision="bf16")
+    ulp = float(shardsim.dtypes.eps("bfloat16"))
+    for _ in range(STEPS):
+        a, b = got.step(x, y), want.step(x, y)
+        assert a.loss == pytest.approx(b.loss, rel=2 * ulp)
+    masters, weights = got.params_global(), got.weights()
+    for k, v in want.params_global().items():
+        assert masters[k].dtype == np.float32 and weights[k].dtype == want.weights()[k].dtype
+        assert weights[k].dtype.name == "bfloat16"
+        np.testing.assert_array_equal(weights[k], masters[k].astype(weights[k].dtype), err_msg=k)
+        atol = 2 * opt.lr * STEPS if isinstance(opt, Adam) else 2 * ulp * float(np.abs(v).max())
+        np.testing.assert_allclose(masters[k], v, rtol=0, atol=atol, err_msg=k)
+    for slot, ws in want.moments_global().items():
+        for k, v in ws.items():
+            m = got.moments_global()[slot][k]
+            assert m.dtype == np.float32
+            if not isinstance(opt, Adam):
+                np.testing.assert_allclose(m, v, rtol=0, atol=2 * ulp * float(np.abs(v).max()), err_msg=k)
+    assert [(e.op, e.axes, e.phase, e.sent_bytes, e.dtype) for e in a.trace.events] == [
+        (e.op, e.axes, e.phase, e.sent_bytes, e.dtype) for e in b.trace.events
+    ]
+    assert a.layouts == b.layouts
+    for c in ("params", "grads", "optimizer"):
+        np.testing.assert_array_equal(a.model_state[c], b.model_state[c], err_msg=c)
+    for c in set(b.memory) - {"params"}:
+        np.testing.assert_array_equal(a.memory[c], b.memory[c], err_msg=c)
+
+
 def test_refused_before_tracing() -> None:
     p = shardsim.mlp.init(8, 16)
-    with pytest.raises(EngineError, match="no master weights, reduce_dtype or loss scaling yet"):
-        Trainer("ddp", shardsim.Mesh(X=2), p, precision="bf16", engine="jax")
+    for kwargs in ({"precision": "fp16"}, {"precision": "bf16", "reduce_dtype": "float32"}, {"loss_scale": 8.0}):
+        with pytest.raises(EngineError, match="no reduce_dtype, loss scaling or float16 overflow checks yet"):
+            Trainer("ddp", shardsim.Mesh(X=2), p, engine="jax", **kwargs)
     own = dataclasses.replace(shardsim.strategies.get("ddp"), name="my_ddp")  # a scheme of one's own
     with pytest.raises(EngineError, match=r"runs \['ddp'.*not 'my_ddp'"):
         Trainer(own, shardsim.Mesh(X=2), p, engine="jax")
     with pytest.raises(shardsim.ShardingError, match="engine must be 'numpy' or 'jax', got 'torch'"):
         Trainer("ddp", shardsim.Mesh(X=2), p, engine="torch")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Signed(SGD):
+    """SGD on the gradient's sign: an update of one's own, written once, for both engines."""
+
+    def apply(self, w, g, state, factors):  # type: ignore[no-untyped-def]
+        xp = shardsim.activations.namespace(w)
+        return w - self.lr * xp.sign(g.astype(w.dtype)), state
+
+
+def test_both_engines_run_the_optimizers_own_update() -> None:
+    """The JAX step has no optimizer arithmetic of its own: an optimizer's ``apply`` is what runs."""
+    params = shardsim.mlp.init(8, 16, seed=4, dtype="float32")
+    x = np.random.default_rng(4).standard_normal((8, 8)).astype(np.float32)
+    runs = {}
+    for engine in ("jax", "numpy"):
+        for opt in (_Signed(lr=0.01), SGD(lr=0.01)):
+            t = Trainer("fsdp", shardsim.Mesh(X=4), params, opt, engine=engine)
+            t.step(x, 0 * x)
+            runs[engine, type(opt).__name__] = t.params_global()
+    for k, w in params.items():
+        np.testing.assert_allclose(np.abs(runs["jax", "_Signed"][k] - w), 0.01, rtol=1e-5, err_msg=k)  # +-lr each
+        np.testing.assert_allclose(runs["jax", "_Signed"][k], runs["numpy", "_Signed"][k], rtol=1e-6, err_msg=k)
+        assert not np.allclose(runs["jax", "_Signed"][k], runs["jax", "SGD"][k])
+
+
+@pytest.mark.parametrize("opt", [SGD(lr=0.1, momentum=0.9, weight_decay=0.01), Adam(lr=0.01), AdamW(lr=0.01)])
+def test_apply_on_jax_arrays_is_update_on_numpy_blocks(opt) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(5)
+    w, g = rng.standard_normal(64).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    state = {s: np.abs(rng.standard_normal(64)).astype(np.float32) for s in opt.slots}
+    new_w, new_state = opt.apply(
+        jax.numpy.asarray(w), jax.numpy.asarray(g), {s: jax.numpy.asarray(v) for s, v in state.items()},
+        jax.numpy.asarray(opt.factors(3), np.float32),
+    )
+    opt.update(w, g, state, 3)  # in place
+    tol = 4 * float(np.finfo(np.float32).eps)
+    np.testing.assert_allclose(np.asarray(new_w), w, rtol=tol)
+    for s, v in state.items():
+        np.testing.assert_allclose(np.asarray(new_state[s]), v, rtol=tol, err_msg=s)

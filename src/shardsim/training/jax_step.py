@@ -7,7 +7,10 @@ own forward and backward inside ``jax.shard_map``, the gradients reduced, every 
 updating the optimizer state it holds, and under ZeRO-1/2 the AllGather of the updated
 weights. The trace and the ledger are those recorded when the step was first traced (the
 program is the same every step). Supported: ddp, fsdp, tp, fsdp_tp and the ZeRO stages, in
-the params' own dtype (no mixed precision or loss scaling yet).
+the params' own dtype or in mixed precision (``precision="bf16"``: bfloat16 compute, float32
+master weights and moments in the state's layout), without loss scaling or a separate
+``reduce_dtype`` yet. The update is the optimizer's own :meth:`~shardsim.training.Adam.apply`,
+the code the NumPy trainer runs, here on the device's blocks.
 
 >>> import numpy as np, shardsim
 >>> from shardsim.training import SGD, Trainer
@@ -26,15 +29,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import engines
-from ..activations import namespace
 from ..array import ShardedArray
 from ..errors import EngineError
 from ..layout import Layout
 from ..mesh import Mesh
+from ..ops import cast
 from ..strategies.runner import backward_stack, forward_stack, reduce_gradients
 from ..tracing import Trace, phase, trace
 from .loss import mse_terms
-from .optim import SGD, Adam
 
 if TYPE_CHECKING:
     from .trainer import StepResult, Trainer
@@ -54,10 +56,11 @@ class JaxStep:
                 f"Trainer(engine='jax') runs {list(SUPPORTED)}, not {name!r}; use engine='numpy' (docs/engines.md)"
             )
         prec = trainer.precision
-        if prec.mixed or prec.reduce != prec.compute or prec.dynamic is not None or prec.initial_scale != 1:
+        if prec.reduce != prec.compute or prec.checks_overflow:
             raise EngineError(
-                "Trainer(engine='jax') computes in the params' own dtype: no master weights, reduce_dtype or "
-                "loss scaling yet; drop precision=/reduce_dtype=/loss_scale= or use engine='numpy'"
+                f"Trainer(engine='jax') runs precision fp32, fp64 or bf16 (mixed), with no reduce_dtype, "
+                f"loss scaling or float16 overflow checks yet (got {prec}); drop reduce_dtype=/loss_scale=, "
+                "use precision='bf16', or use engine='numpy'"
             )
         if any(v.is_shape_only for block in trainer.params for v in block.values()):
             raise EngineError("Trainer(engine='jax') needs weights with data, not ShapeDtype")
@@ -83,7 +86,7 @@ class JaxStep:
         mesh, scheme, ctx, opt = self.mesh, t.scheme, t.ctx, t.optimizer
         nm, lay, state_lay = len(mesh.shape), t.layouts, t.state_layouts
         shapes = [{k: v.global_shape for k, v in block.items()} for block in t.params]
-        dtype = t.precision.compute
+        prec = t.precision
         stats = self._stats
         gather = getattr(scheme, "gather_params", None)
 
@@ -95,11 +98,17 @@ class JaxStep:
         def local(v: ShardedArray) -> Any:
             return v.compact().reshape(v.local_shape)
 
-        def body(weights: list, moments: list, xb: Any, tb: Any, factors: Any) -> tuple[list, list, Any]:
+        def body(
+            weights: list, masters: list, moments: list, xb: Any, tb: Any, factors: Any
+        ) -> tuple[list, list, list, Any]:
             with engines.use(JAX):
                 params = [
                     {k: value(b[k], lay[k], shapes[i][k], t.params[i][k].label, "params") for k in t.names}
                     for i, b in enumerate(weights)
+                ]
+                master = [  # mixed precision: the float32 masters the optimizer updates, in the state's layout
+                    {k: value(b[k], state_lay[k], shapes[i][k], t.params[i][k].label, "optimizer") for k in b}
+                    for i, b in enumerate(masters)
                 ]
                 moms = [
                     {k: {s: value(m[k][s], state_lay[k], shapes[i][k], None, "optimizer") for s in m[k]}
@@ -125,33 +134,48 @@ class JaxStep:
                     del dx
                 stats["model_state"] = {c: mesh.memory.live(c) for c in ("params", "grads", "optimizer")}
                 new_w: list[dict[str, Any]] = []
+                new_master: list[dict[str, Any]] = []
                 new_m: list[dict[str, Any]] = []
+                kept = []  # the updated masters, alive to the end as the NumPy trainer's (updated in place)
                 with phase("optimizer"):
                     for i in range(len(grads)):
                         g = reduce_gradients(scheme, ctx, grads[i])
                         stats["grad_layouts"] = {k: str(v.layout) for k, v in g.items()}
-                        sliced, mine = {}, {}
+                        sliced, mine, mastered, local_w = {}, {}, {}, {}
                         for k in t.names:
-                            w = state_slice(params[i][k], state_lay[k])
+                            w = master[i][k] if prec.mixed else state_slice(params[i][k], state_lay[k])
                             state = {s: m.compact() for s, m in moms[i][k].items()}
-                            data, state = updated(opt, w.compact(), g.pop(k).compact(), state, factors)
+                            data, state = opt.apply(w.compact(), g.pop(k).compact(), state, factors)
                             spec_w = (w.layout, w.global_shape, w.dtype, w.label, w.local_shape)
-                            del w
-                            params[i][k] = None  # type: ignore[assignment]  # updated in place, as on NumPy
-                            sliced[k] = ShardedArray(mesh, *spec_w[:3], data, label=spec_w[3], category="params")
                             mine[k] = {s: v.reshape(spec_w[4]) for s, v in state.items()}
+                            del w
+                            if not prec.mixed:
+                                params[i][k] = None  # type: ignore[assignment]  # updated in place, as on NumPy
+                                sliced[k] = ShardedArray(mesh, *spec_w[:3], data, label=spec_w[3], category="params")
+                                continue
+                            mastered[k] = data.reshape(spec_w[4])
+                            if gather is None:  # the 16-bit weights: a rounded copy of the masters (untraced)
+                                local_w[k] = data.astype(prec.compute).reshape(spec_w[4])
+                                continue
+                            master[i][k] = None  # type: ignore[assignment]
+                            updated = ShardedArray(mesh, *spec_w[:3], data, label=spec_w[3], category="optimizer")
+                            kept.append(updated)
+                            params[i][k] = None  # type: ignore[assignment]  # the gather below refills it
+                            sliced[k] = cast(updated, prec.compute, category="params", label=spec_w[3])
                         if gather is not None:
                             sliced = gather(ctx, sliced)  # 3. AllGather the updated weights
-                        new_w.append({k: local(v) for k, v in sliced.items()})
+                        new_w.append({**{k: local(v) for k, v in sliced.items()}, **local_w})
+                        new_master.append(mastered)
                         new_m.append(mine)
-            return new_w, new_m, loss
+            return new_w, new_master, new_m, loss
 
         spec = lambda layout: sharding(self.jmesh, layout).spec  # noqa: E731
         w_specs = [{k: spec(lay[k]) for k in t.names} for _ in t.params]
+        master_specs = [{k: spec(state_lay[k]) for k in block} for block in t.master]  # empty unless mixed
         m_specs = [{k: {s: spec(state_lay[k]) for s in opt.slots} for k in t.names} for _ in t.params]
-        in_specs = (w_specs, m_specs, spec(lay["x"]), spec(lay["out"]), spec("[N]"))
-        out_specs = (w_specs, m_specs, jax.sharding.PartitionSpec())  # the loss: one number, on every chip
-        self._put = lambda a, layout: put(np.asarray(a, dtype), sharding(self.jmesh, layout))
+        in_specs = (w_specs, master_specs, m_specs, spec(lay["x"]), spec(lay["out"]), spec("[N]"))
+        out_specs = (w_specs, master_specs, m_specs, jax.sharding.PartitionSpec())  # the loss: one number
+        self._put = lambda a, layout, dtype: put(np.asarray(a, dtype), sharding(self.jmesh, layout))
         mapped = jax.shard_map(body, mesh=self.jmesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
         return jax.jit(mapped)
 
@@ -160,7 +184,7 @@ class JaxStep:
         from .trainer import StepResult, _place
 
         t = self.trainer
-        dtype = t.precision.compute
+        dtype, state_dtype = t.precision.compute, t.precision.state_dtype
         x, target = np.asarray(x, dtype), np.asarray(target, dtype)
         key = (x.shape, target.shape)
         ledger = self.mesh.memory
@@ -170,14 +194,18 @@ class JaxStep:
             with trace() as self._trace:
                 self._fn = self._fn.lower(*self._arguments(x, target)).compile()
             self._stats["peak"] = ledger.snapshot()["peak"]
-        new_w, new_m, total = self._fn(*self._arguments(x, target))
+        new_w, new_master, new_m, total = self._fn(*self._arguments(x, target))
         for i, block in enumerate(new_w):  # the trainer's state is the step's result
             for k, v in block.items():
-                old = t.params[i][k]
-                t.params[i][k] = _place(np.asarray(v), t.mesh, t.layouts[k], dtype, old.label or k, "params")
+                label = t.params[i][k].label or k
+                t.params[i][k] = _place(_host(v), t.mesh, t.layouts[k], dtype, label, "params")
+                if t.precision.mixed:
+                    t.master[i][k] = _place(
+                        np.asarray(new_master[i][k]), t.mesh, t.state_layouts[k], state_dtype, label, "optimizer"
+                    )
                 for s, m in new_m[i][k].items():
                     t.moments[i][k][s] = _place(
-                        np.asarray(m), t.mesh, t.state_layouts[k], t.precision.state_dtype, old.label or k, "optimizer"
+                        np.asarray(m), t.mesh, t.state_layouts[k], state_dtype, label, "optimizer"
                     )
         t.step_count += 1
         stats = self._stats
@@ -203,44 +231,27 @@ class JaxStep:
 
     def _arguments(self, x: np.ndarray, target: np.ndarray) -> tuple[Any, ...]:
         t = self.trainer
-        put = self._put
-        weights = [{k: put(v.to_global(), t.layouts[k]) for k, v in block.items()} for block in t.params]
+        put, prec = self._put, t.precision
+        weights = [{k: put(v.to_global(), t.layouts[k], prec.compute) for k, v in block.items()} for block in t.params]
+        masters = [
+            {k: put(v.to_global(), t.state_layouts[k], prec.state_dtype) for k, v in block.items()}
+            for block in t.master
+        ]
         moments = [
-            {k: {s: put(m.to_global(), t.state_layouts[k]) for s, m in slots.items()} for k, slots in block.items()}
+            {
+                k: {s: put(m.to_global(), t.state_layouts[k], prec.state_dtype) for s, m in slots.items()}
+                for k, slots in block.items()
+            }
             for block in t.moments
         ]
-        step = t.step_count + 1
-        factors = np.asarray(bias_factors(t.optimizer, step), t.precision.state_dtype)
-        return weights, moments, put(x, t.layouts["x"]), put(target, t.layouts["out"]), put(factors, "[N]")
+        # the step's numbers are an input, so one compiled program serves every step
+        factors = np.asarray(t.optimizer.factors(t.step_count + 1), prec.state_dtype)
+        x_, t_ = put(x, t.layouts["x"], prec.compute), put(target, t.layouts["out"], prec.compute)
+        return weights, masters, moments, x_, t_, put(factors, "[N]", prec.state_dtype)
 
 
-def bias_factors(opt: SGD | Adam, step: int) -> list[float]:
-    """Adam's step-dependent numbers at ``step`` (``1/sqrt(1 - b2^t)``, ``lr / (1 - b1^t)``), as
-    :meth:`~shardsim.training.Adam.update` computes them; SGD has none (a placeholder pair)."""
-    if isinstance(opt, Adam):
-        return [1.0 / math.sqrt(1.0 - opt.b2**step), opt.lr / (1.0 - opt.b1**step)]
-    return [0.0, 0.0]
-
-
-def updated(opt: SGD | Adam, w: Any, g: Any, state: dict[str, Any], factors: Any) -> tuple[Any, dict[str, Any]]:
-    """The optimizer's update out of place, for arrays that cannot change in place (JAX's).
-
-    The same operations in the same order as :meth:`SGD.update` / :meth:`Adam.update` (which
-    work in place on NumPy blocks); ``factors`` are :func:`bias_factors` of the step.
-    """
-    g = g.astype(w.dtype)
-    if isinstance(opt, SGD):
-        if opt.weight_decay:
-            g = g + opt.weight_decay * w
-        if opt.momentum:
-            state = {"momentum": state["momentum"] * opt.momentum + g}
-            g = state["momentum"]
-        return w - opt.lr * g, state
-    if opt.weight_decay and not opt.decoupled:
-        g = g + opt.weight_decay * w
-    m = state["m"] * opt.b1 + (1.0 - opt.b1) * g
-    v = state["v"] * opt.b2 + (g * g) * (1.0 - opt.b2)
-    denom = namespace(v).sqrt(v) * factors[0] + opt.eps
-    if opt.weight_decay and opt.decoupled:
-        w = w * (1.0 - opt.lr * opt.weight_decay)
-    return w - (m / denom) * factors[1], {"m": m, "v": v}
+def _host(v: Any) -> np.ndarray:
+    """A device array as NumPy; 16-bit floats (an ml_dtypes dtype, not a NumPy kind) as their exact
+    float32 values, which the trainer rounds back when it places them."""
+    a = np.asarray(v)
+    return a.astype(np.float32) if a.dtype.kind == "V" else a

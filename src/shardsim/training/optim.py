@@ -1,10 +1,15 @@
-"""Optimizers by hand in NumPy: SGD with momentum, Adam and AdamW, elementwise on the blocks.
+"""Optimizers by hand: SGD with momentum, Adam and AdamW, elementwise on the blocks.
 
 An optimizer's :meth:`update` works in place on one chip-stacked array of weights and the
 matching arrays of its state (the compact blocks of sharded values, or any NumPy arrays):
 every element is updated from its own gradient, so a chip holding a slice updates exactly
 that slice. Which slice a chip holds is the scheme's business (``[D_X, F]`` under ZeRO),
 not the optimizer's.
+
+The arithmetic is written once, in :meth:`apply`: out of place, on the arrays' own array API
+namespace, with the step's numbers (:meth:`factors`) passed in as values. ``update`` runs it
+on NumPy blocks and writes the result back; the JAX trainer runs it inside its jitted step,
+where the factors are an input so one compiled program serves every step.
 
 >>> import numpy as np
 >>> w, g = np.array([1.0, -2.0]), np.array([0.5, 0.5])
@@ -23,10 +28,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..activations import namespace
 from ..errors import ShardingError
 from .scaling import number
 
 State = dict[str, np.ndarray]
+Factors = tuple[Any, Any]
 
 
 def _check(name: str, value: float, *, low: float, above: bool, below: float | None = None) -> None:
@@ -89,18 +96,29 @@ class SGD:
         """Zero state shaped like ``w``."""
         return {k: np.zeros_like(w) for k in self.slots}
 
-    def update(self, w: np.ndarray, g: np.ndarray, state: State, step: int) -> None:
-        """One step in place on ``w`` and ``state`` (``step`` counts from 1)."""
+    def factors(self, step: int) -> Factors:
+        """SGD's update does not depend on the step: a placeholder pair (see :meth:`Adam.factors`)."""
         check_step(step)
-        g = g.astype(w.dtype, copy=False)  # a 16-bit gradient joins float32 master weights
+        return (0.0, 0.0)
+
+    def apply(self, w: Any, g: Any, state: dict[str, Any], factors: Factors) -> tuple[Any, dict[str, Any]]:
+        """The updated weights and state, out of place, on any array API arrays.
+
+        >>> import numpy as np
+        >>> SGD(lr=0.5, momentum=0.9).apply(np.array([1.0]), np.array([1.0]), {"momentum": np.array([1.0])}, (0, 0))
+        (array([0.05]), {'momentum': array([1.9])})
+        """
+        g = _as(g, w.dtype)
         if self.weight_decay:
             g = g + self.weight_decay * w
         if self.momentum:
-            buf = state["momentum"]
-            buf *= self.momentum
-            buf += g
-            g = buf
-        w -= self.lr * g
+            state = {"momentum": state["momentum"] * self.momentum + g}
+            g = state["momentum"]
+        return w - self.lr * g, state
+
+    def update(self, w: np.ndarray, g: np.ndarray, state: State, step: int) -> None:
+        """One step in place on ``w`` and ``state`` (``step`` counts from 1)."""
+        _write_back(w, state, *self.apply(w, g, state, self.factors(step)))
 
 
 @dataclass(frozen=True)
@@ -140,29 +158,34 @@ class Adam:
     def init_state(self, w: np.ndarray) -> State:
         return {k: np.zeros_like(w) for k in self.slots}
 
-    def update(self, w: np.ndarray, g: np.ndarray, state: State, step: int) -> None:
-        """One step in place on ``w``, ``m`` and ``v`` (``step`` counts from 1)."""
+    def factors(self, step: int) -> Factors:
+        """The bias corrections of step ``step`` (from 1): ``(1/sqrt(1 - b2^t), lr / (1 - b1^t))``.
+
+        >>> [round(f, 4) for f in Adam(lr=0.1).factors(1)]  # 1/sqrt(0.001), 0.1/0.1
+        [31.6228, 1.0]
+        """
         step = check_step(step)
-        g = g.astype(w.dtype, copy=False)  # a 16-bit gradient joins float32 master weights
+        return 1.0 / math.sqrt(1.0 - self.b2**step), self.lr / (1.0 - self.b1**step)
+
+    def apply(self, w: Any, g: Any, state: dict[str, Any], factors: Factors) -> tuple[Any, dict[str, Any]]:
+        """The updated weights and ``m``, ``v``, out of place, on any array API arrays; ``factors``
+        are :meth:`factors` of the step.
+
+        ``w -= lr · wd · w`` (decoupled decay) comes before the step, as Loshchilov & Hutter write it.
+        """
+        g = _as(g, w.dtype)
         if self.weight_decay and not self.decoupled:
             g = g + self.weight_decay * w
-        m, v = state["m"], state["v"]
-        m *= self.b1
-        m += (1.0 - self.b1) * g
-        v *= self.b2
-        g2 = np.multiply(g, g, dtype=v.dtype)
-        g2 *= 1.0 - self.b2
-        v += g2
-        # denominator sqrt(v / (1 - b2^t)) + eps, built in the g2 buffer
-        denom = np.sqrt(v, out=g2)
-        denom *= 1.0 / math.sqrt(1.0 - self.b2**step)
-        denom += self.eps
+        m = state["m"] * self.b1 + (1.0 - self.b1) * g
+        v = state["v"] * self.b2 + (g * g) * (1.0 - self.b2)
+        denom = namespace(v).sqrt(v) * factors[0] + self.eps  # sqrt(v / (1 - b2^t)) + eps
         if self.weight_decay and self.decoupled:
-            w *= 1.0 - self.lr * self.weight_decay
-        step_size = self.lr / (1.0 - self.b1**step)
-        np.divide(m, denom, out=denom)
-        denom *= step_size
-        w -= denom
+            w = w * (1.0 - self.lr * self.weight_decay)
+        return w - (m / denom) * factors[1], {"m": m, "v": v}
+
+    def update(self, w: np.ndarray, g: np.ndarray, state: State, step: int) -> None:
+        """One step in place on ``w``, ``m`` and ``v`` (``step`` counts from 1)."""
+        _write_back(w, state, *self.apply(w, g, state, self.factors(step)))
 
 
 def AdamW(  # noqa: N802 - reads as the optimizer's name
@@ -177,6 +200,18 @@ def AdamW(  # noqa: N802 - reads as the optimizer's name
 
 
 Optimizer = SGD | Adam
+
+
+def _as(g: Any, dtype: Any) -> Any:
+    """``g`` in ``dtype``: a 16-bit gradient joins float32 master weights (no copy when it is already)."""
+    return g if g.dtype == dtype else g.astype(dtype)
+
+
+def _write_back(w: np.ndarray, state: State, new_w: np.ndarray, new_state: State) -> None:
+    """Store an :meth:`apply` result in the arrays it was computed from (NumPy blocks, in place)."""
+    for k, v in new_state.items():
+        np.copyto(state[k], v)
+    np.copyto(w, new_w)
 
 
 def get(name: str, lr: float | None = None, **kwargs: Any) -> Optimizer:
