@@ -6,10 +6,12 @@ every element is updated from its own gradient, so a chip holding a slice update
 that slice. Which slice a chip holds is the scheme's business (``[D_X, F]`` under ZeRO),
 not the optimizer's.
 
-The arithmetic is written once, in :meth:`apply`: out of place, on the arrays' own array API
-namespace, with the step's numbers (:meth:`factors`) passed in as values. ``update`` runs it
-on NumPy blocks and writes the result back; the JAX trainer runs it inside its jitted step,
-where the factors are an input so one compiled program serves every step.
+The arithmetic is written once, in :meth:`apply`, on the arrays' own array API namespace,
+with the step's numbers (:meth:`factors`) passed in as values. It updates with augmented
+assignments (``m *= b1``): in place on NumPy's mutable blocks, as ``update`` wants (no copy of
+the weights or the moments), and into new arrays on immutable ones, where Python rebinds the
+name: the JAX trainer runs the same lines inside its jitted step, the factors an input so
+one compiled program serves every step.
 
 >>> import numpy as np
 >>> w, g = np.array([1.0, -2.0]), np.array([0.5, 0.5])
@@ -102,23 +104,29 @@ class SGD:
         return (0.0, 0.0)
 
     def apply(self, w: Any, g: Any, state: dict[str, Any], factors: Factors) -> tuple[Any, dict[str, Any]]:
-        """The updated weights and state, out of place, on any array API arrays.
+        """The updated weights and state, on any array API arrays: in place on NumPy arrays
+        (the result is the inputs, updated), new arrays on immutable ones (JAX's).
 
         >>> import numpy as np
-        >>> SGD(lr=0.5, momentum=0.9).apply(np.array([1.0]), np.array([1.0]), {"momentum": np.array([1.0])}, (0, 0))
-        (array([0.05]), {'momentum': array([1.9])})
+        >>> w, buf = np.array([1.0]), np.array([1.0])
+        >>> new_w, new_state = SGD(lr=0.5, momentum=0.9).apply(w, np.array([1.0]), {"momentum": buf}, (0, 0))
+        >>> w, buf, new_w is w and new_state["momentum"] is buf  # NumPy: updated in place
+        (array([0.05]), array([1.9]), True)
         """
         g = _as(g, w.dtype)
         if self.weight_decay:
             g = g + self.weight_decay * w
         if self.momentum:
-            state = {"momentum": state["momentum"] * self.momentum + g}
-            g = state["momentum"]
-        return w - self.lr * g, state
+            buf = state["momentum"]
+            buf *= self.momentum
+            buf += g
+            state, g = {"momentum": buf}, buf
+        w -= self.lr * g
+        return w, state
 
     def update(self, w: np.ndarray, g: np.ndarray, state: State, step: int) -> None:
         """One step in place on ``w`` and ``state`` (``step`` counts from 1)."""
-        _write_back(w, state, *self.apply(w, g, state, self.factors(step)))
+        _in_place(w, state, *self.apply(w, g, state, self.factors(step)))
 
 
 @dataclass(frozen=True)
@@ -168,24 +176,35 @@ class Adam:
         return 1.0 / math.sqrt(1.0 - self.b2**step), self.lr / (1.0 - self.b1**step)
 
     def apply(self, w: Any, g: Any, state: dict[str, Any], factors: Factors) -> tuple[Any, dict[str, Any]]:
-        """The updated weights and ``m``, ``v``, out of place, on any array API arrays; ``factors``
-        are :meth:`factors` of the step.
+        """The updated weights and ``m``, ``v`` on any array API arrays, in place on NumPy arrays
+        (see :meth:`SGD.apply`); ``factors`` are :meth:`factors` of the step.
 
         ``w -= lr · wd · w`` (decoupled decay) comes before the step, as Loshchilov & Hutter write it.
         """
         g = _as(g, w.dtype)
         if self.weight_decay and not self.decoupled:
             g = g + self.weight_decay * w
-        m = state["m"] * self.b1 + (1.0 - self.b1) * g
-        v = state["v"] * self.b2 + (g * g) * (1.0 - self.b2)
-        denom = namespace(v).sqrt(v) * factors[0] + self.eps  # sqrt(v / (1 - b2^t)) + eps
+        m, v = state["m"], state["v"]
+        m *= self.b1
+        m += (1.0 - self.b1) * g
+        v *= self.b2
+        g2 = _as(g, v.dtype)  # g² in the moment's dtype (g + wd·w may have widened a 16-bit g)
+        g2 = g2 * g2
+        g2 *= 1.0 - self.b2
+        v += g2
+        denom = namespace(v).sqrt(v)  # sqrt(v / (1 - b2^t)) + eps
+        denom *= factors[0]
+        denom += self.eps
         if self.weight_decay and self.decoupled:
-            w = w * (1.0 - self.lr * self.weight_decay)
-        return w - (m / denom) * factors[1], {"m": m, "v": v}
+            w *= 1.0 - self.lr * self.weight_decay
+        delta = m / denom
+        delta *= factors[1]
+        w -= delta
+        return w, {"m": m, "v": v}
 
     def update(self, w: np.ndarray, g: np.ndarray, state: State, step: int) -> None:
         """One step in place on ``w``, ``m`` and ``v`` (``step`` counts from 1)."""
-        _write_back(w, state, *self.apply(w, g, state, self.factors(step)))
+        _in_place(w, state, *self.apply(w, g, state, self.factors(step)))
 
 
 def AdamW(  # noqa: N802 - reads as the optimizer's name
@@ -205,13 +224,6 @@ Optimizer = SGD | Adam
 def _as(g: Any, dtype: Any) -> Any:
     """``g`` in ``dtype``: a 16-bit gradient joins float32 master weights (no copy when it is already)."""
     return g if g.dtype == dtype else g.astype(dtype)
-
-
-def _write_back(w: np.ndarray, state: State, new_w: np.ndarray, new_state: State) -> None:
-    """Store an :meth:`apply` result in the arrays it was computed from (NumPy blocks, in place)."""
-    for k, v in new_state.items():
-        np.copyto(state[k], v)
-    np.copyto(w, new_w)
 
 
 def get(name: str, lr: float | None = None, **kwargs: Any) -> Optimizer:
@@ -240,3 +252,13 @@ def get(name: str, lr: float | None = None, **kwargs: Any) -> Optimizer:
     if name == "adamw":
         return AdamW(**kwargs)
     raise ShardingError(f"unknown optimizer {name!r}; choose one of ['sgd', 'momentum', 'adam', 'adamw']")
+
+
+def _in_place(w: np.ndarray, state: State, new_w: np.ndarray, new_state: State) -> None:
+    """Make ``w`` and ``state`` hold an :meth:`apply` result: ours updates them in place already;
+    an ``apply`` of one's own may return new arrays, which are copied in."""
+    for k, v in new_state.items():
+        if v is not state[k]:
+            np.copyto(state[k], v)
+    if new_w is not w:
+        np.copyto(w, new_w)
