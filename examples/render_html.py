@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import re
 import subprocess
 import warnings
 from pathlib import Path
@@ -31,7 +32,9 @@ table { border-collapse: collapse; margin: 8px 0; font-size: 13px; }
 th, td { padding: 2px 10px; border-bottom: 1px solid #ddd; }
 th { background: #f4f4f4; }
 pre { background: #f8f8f8; padding: 8px; font-size: 12px; }
-.md { white-space: pre-wrap; margin: 12px 0; }
+.md { margin: 12px 0; max-width: 800px; }
+code { background: #f4f4f4; padding: 0 3px; }
+caption { font-weight: bold; padding: 4px 0; }
 </style>"""
 
 
@@ -41,6 +44,28 @@ def page(title: str, body: str) -> str:
     return f"<!DOCTYPE html><html><head>{head}</head><body>{body}</body></html>"
 
 
+def markdown_html(source: str) -> str:
+    """A markdown cell as HTML: headings, paragraphs, numbered lines, ``**bold**`` and ``code``
+    (what the tour's cells use; no markdown library needed)."""
+
+    def inline(text: str) -> str:
+        text = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+        return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", text)
+
+    parts = []
+    for block in source.strip().split("\n\n"):
+        heading = re.match(r"(#{1,4}) (.*)", block)
+        if heading and "\n" not in block:
+            level = len(heading.group(1))
+            parts.append(f"<h{level}>{inline(heading.group(2))}</h{level}>")
+        elif re.match(r"\d+\. ", block):
+            items = re.split(r"\n(?=\d+\. )", block)
+            parts.append("<ol>" + "".join(f"<li>{inline(i.split('. ', 1)[1])}</li>" for i in items) + "</ol>")
+        else:
+            parts.append(f"<p>{inline(block)}</p>")
+    return "<div class='md'>" + "".join(parts) + "</div>"
+
+
 def notebook_html(path: Path) -> str:
     """The cells of an executed notebook and their stored outputs, as one HTML page (no nbconvert needed)."""
     nb = json.loads(path.read_text())
@@ -48,7 +73,7 @@ def notebook_html(path: Path) -> str:
     for cell in nb["cells"]:
         source = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
-            parts.append(f"<div class='md'>{html.escape(source)}</div>")
+            parts.append(markdown_html(source))
             continue
         parts.append(f"<pre>{html.escape(source)}</pre>")
         for out in cell.get("outputs", []):
@@ -100,6 +125,21 @@ def screenshot(chromium: Path, source: Path, png: Path, size: tuple[int, int]) -
         capture_output=True,
         timeout=120,
     )
+    _trim(png)
+
+
+def _trim(png: Path) -> None:
+    """Cut the blank page below the content (the window is sized for the longest page), when
+    Pillow is there (matplotlib brings it); else keep the whole screenshot."""
+    try:
+        from PIL import Image, ImageChops
+    except ImportError:
+        return
+    with Image.open(png) as im:
+        page = im.convert("RGB")
+    box = ImageChops.difference(page, Image.new("RGB", page.size, "white")).getbbox()
+    if box is not None and box[3] + 24 < page.height:
+        page.crop((0, 0, page.width, box[3] + 24)).save(png, optimize=True)
 
 
 def main(argv: list[str] | None = None) -> None:

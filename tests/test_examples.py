@@ -152,5 +152,8 @@ def test_render_html_writes_the_pages(tmp_path) -> None:
     assert "no Chromium at" in out and not list(tmp_path.glob("*.png"))
     tour = (tmp_path / "tour.html").read_text()
     assert tour.count("<img src='data:image/png;base64,") == 2 and "params (peak)" in tour
+    # the markdown cells are rendered: headings, bold steps, numbered lists, no raw markup left
+    assert "<h1>A tour of shardsim" in tour and "<li><b>AllGather Y</b> (activations)" in tour
+    assert "## " not in tour and "<li>" in tour
     reprs = (tmp_path / "reprs.html").read_text()
     assert reprs.count("<table>") == 4 and "reduce_scatter" in reprs and "MFU" in reprs and "<pre>" not in reprs

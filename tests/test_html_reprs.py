@@ -161,3 +161,10 @@ def test_table_text_and_html_agree_on_alignment() -> None:
     rows = [("name", "n"), ("a", "1"), ("bbb", "1,024")]
     assert table_text(rows, right={1}).splitlines() == ["name      n", "a         1", "bbb   1,024"]
     assert_same_table(table_html(rows, right={1}), table_text(rows, right={1}), {"n"})
+
+
+def test_captions_sit_left_above_their_table() -> None:
+    """A centred caption wraps into a narrow column over a narrow table (seen in the rendered tour)."""
+    _, mesh = _traced()
+    html = mesh.memory._repr_html_()
+    assert html.startswith(f'<table><caption style="text-align:left">memory of {mesh!r}</caption><thead>'), html[:99]

@@ -92,6 +92,7 @@ def table_html(rows: Sequence[Sequence[str]], right: Collection[int] = (), capti
             for i, c in enumerate(row)
         )
 
-    head = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+    # left-aligned: a centred caption wraps into a narrow column over a narrow table
+    head = f'<caption style="text-align:left">{html.escape(caption)}</caption>' if caption else ""
     body = "".join(f"<tr>{cells(r, 'td')}</tr>" for r in rows[1:])
     return f"<table>{head}<thead><tr>{cells(rows[0], 'th')}</tr></thead><tbody>{body}</tbody></table>"
