@@ -186,7 +186,7 @@ def map_blocks(
             f"{name} of {x.describe()}: a nonlinear function of a partial sum is not the partial of "
             f"the function; reduce over {list(x.layout.partial)} first"
         )
-    data = None if x.is_shape_only else fn(x.compact())
+    data = None if x.is_shape_only else engines.active().elementwise(fn, len(x.mesh.shape), x.compact())
     dtype = x.dtype if data is None else data.dtype
     return ShardedArray(x.mesh, x.layout, x.global_shape, dtype, data, label=label, derived_from=(x,))
 
@@ -354,8 +354,9 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: st
         _check_partial_dtype(x, dtype, what)
         data = None
         if has_data:
-            data = op(x.compact(), scalar) if x is a else op(scalar, x.compact())  # NumPy's warnings too
-            data = engines.active().cast(data, dtype)
+            engine = engines.active()
+            scaled = (lambda c: op(c, scalar)) if x is a else (lambda c: op(scalar, c))  # NumPy's warnings too
+            data = engine.cast(engine.elementwise(scaled, len(mesh.shape), x.compact()), dtype)
             if x.is_partial:
                 _check_no_overflow(x, data, what)
         return ShardedArray(mesh, x.layout, x.global_shape, dtype, data, label=label, derived_from=(x,))
@@ -400,7 +401,8 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: st
         rank = len(shape)
         x = x.reshape(x.shape[:nm] + (1,) * (rank - a.ndim) + x.shape[nm:])
         y = y.reshape(y.shape[:nm] + (1,) * (rank - b.ndim) + y.shape[nm:])
-        data = engines.active().cast(op(x, y), dtype)
+        engine = engines.active()
+        data = engine.cast(engine.elementwise(op, nm, x, y), dtype)
         for v in (a, b):
             if v.is_partial:
                 _check_no_overflow(v, data, what)

@@ -63,6 +63,9 @@ class Engine:
     def cast(self, c: Any, dtype: Any) -> Any:
         raise NotImplementedError
 
+    def elementwise(self, fn: Any, nm: int, *cs: Any) -> Any:
+        raise NotImplementedError
+
     def matmul(self, lhs: Any, rhs: Any) -> Any:
         raise NotImplementedError
 
@@ -121,6 +124,10 @@ class StackedEngine(Engine):
     def cast(self, c: Any, dtype: Any) -> np.ndarray:
         """The data in ``dtype`` (no copy when it has it already)."""
         return np.asarray(c, dtype)
+
+    def elementwise(self, fn: Any, nm: int, *cs: Any) -> Any:
+        """``fn`` of the stacked data (``nm`` leading mesh dims), one NumPy call for every chip."""
+        return fn(*cs)
 
     def matmul(self, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         """Every chip's ``lhs @ rhs`` (one BLAS call when the chips fold into one matmul)."""

@@ -43,6 +43,12 @@ class JaxEngine(Engine):
     def cast(self, c: Any, dtype: Any) -> Any:
         return c.astype(dtype)
 
+    def elementwise(self, fn: Callable[..., Any], nm: int, *cs: Any) -> Any:
+        # on the block without the size-1 mesh dims, as every other kernel: with them XLA
+        # orders the step's independent dots differently from the same program written by hand
+        out = fn(*(c.reshape(c.shape[nm:]) for c in cs))
+        return out.reshape((1,) * nm + out.shape)
+
     def matmul(self, lhs: Any, rhs: Any) -> Any:
         lead = jnp.broadcast_shapes(lhs.shape[:-2], rhs.shape[:-2])
         if all(n == 1 for n in lead):  # the usual case: one 2-D matmul per device, XLA's fastest
