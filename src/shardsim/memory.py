@@ -197,6 +197,15 @@ class MemoryLedger:
             "peak": {**{c: self.peak(c) for c in cats}, "total": self.peak()},
         }
 
+    def __repr__(self) -> str:
+        """``MemoryLedger(Mesh(X=2))``: the same text every run (an executed notebook stays stable).
+
+        >>> from shardsim import Mesh
+        >>> Mesh(X=2).memory
+        MemoryLedger(Mesh(X=2))
+        """
+        return f"MemoryLedger({self.mesh!r})"
+
     def __str__(self) -> str:
         from .pictures import memory_table
 
