@@ -34,7 +34,7 @@ import contextlib
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -64,6 +64,9 @@ from .loss import mse
 from .optim import SGD, Adam, Optimizer
 from .precision import Precision
 from .scaling import DynamicLossScale, ScaleState, found_inf
+
+if TYPE_CHECKING:
+    from .model_trainer import ModelTrainer
 
 MODEL_STATE = ("params", "grads", "optimizer")
 
@@ -189,6 +192,35 @@ class Trainer:
             self.moments.append(moments)
         self._blocks = [{k: _spec(v) for k, v in b.items()} for b in self._blocks]  # shapes only from here on
         self._engine_step = _engine_step(engine, self)
+
+    @classmethod
+    def for_model(
+        cls,
+        cfg: Any,
+        plan: Any,
+        mesh: Mesh,
+        params: Mapping[str, Any],
+        optimizer: Optimizer | str | None = None,
+        **options: Any,
+    ) -> ModelTrainer:
+        """A trainer of transformer ``cfg`` (a :class:`~shardsim.models.TransformerConfig`) under
+        ``plan`` (a :class:`~shardsim.plan.Plan`) on ``mesh``: a
+        :class:`~shardsim.training.model_trainer.ModelTrainer`, whose steps run
+        :func:`~shardsim.transformer.run_model` and then this trainer's optimizer update.
+        ``options``: ``precision``, ``reduce_dtype``, ``dropout_seed``.
+
+        >>> import numpy as np
+        >>> from shardsim.models import get, reference
+        >>> from shardsim.plan import Plan
+        >>> cfg, plan = get("gpt-tiny"), Plan(dp=2, zero=2)
+        >>> t = Trainer.for_model(cfg, plan, plan.mesh(), reference.init(cfg), "adam")
+        >>> tok = np.arange(16).reshape(2, 8)
+        >>> t.step(tok, tok + 1).step, t.moments["embed"]["m"].layout
+        (1, Layout('[V, D_{data}]'))
+        """
+        from .model_trainer import ModelTrainer
+
+        return ModelTrainer(cfg, plan, mesh, params, optimizer, **options)
 
     # -- the step ---------------------------------------------------------------------------
     def step(self, x: Any, target: Any) -> StepResult:
@@ -612,7 +644,7 @@ class _Undo:
 
 
 def _spec_of(x: ShardedArray) -> tuple[Any, ...]:
-    return (x.mesh, x.layout, x.global_shape, x.dtype, x.label, x.category)
+    return (x.mesh, x.layout, x.global_shape, x.dtype, x.label, x.category, x.holders)
 
 
 def _roll_back(mesh: Mesh, undo: list[_Undo]) -> None:
@@ -628,8 +660,10 @@ def _roll_back(mesh: Mesh, undo: list[_Undo]) -> None:
             elif u.holder.get(u.key) is None or u.holder[u.key].uid != u.uid:
                 u.holder[u.key] = None  # release the new value before the old one is rebuilt
                 assert u.spec is not None
-                m, layout, shape, dtype, label, category = u.spec
-                u.holder[u.key] = ShardedArray(m, layout, shape, dtype, u.data, label=label, category=category)
+                m, layout, shape, dtype, label, category, holders = u.spec
+                u.holder[u.key] = ShardedArray(
+                    m, layout, shape, dtype, u.data, label=label, category=category, holders=holders
+                )
     finally:
         ledger.capacity = capacity
 
