@@ -220,16 +220,14 @@ class ModelTrainer:
             undo.extend(self._undo_entries())
         step = self.step_count + 1
         for k in list(grads):
-            g = grads.pop(k)
             new = update_weight(
-                self.optimizer, step, self.params[k], self.master.get(k), g, self.moments[k],
-                self.state_layouts[k], gathered=self.gathers,
+                self.optimizer, step, self.params[k], self.master.get(k), grads.pop(k), self.moments[k],
+                self.state_layouts[k], gathered=self.gathers, sent="temporaries",
             )  # fmt: skip
-            del g
             if new is not None:
                 assert self.data_axis is not None
                 self.params[k] = None  # type: ignore[assignment]  # the gather below refills it
-                self.params[k] = all_gather(new, self.data_axis, label=k).named(k).as_category("params")
+                self.params[k] = all_gather(new, self.data_axis, label=k, category="params")
                 del new
 
     def _undo_entries(self) -> list[_Undo]:

@@ -595,6 +595,7 @@ def update_weight(
     *,
     scale: float = 1.0,
     gathered: bool = False,
+    sent: str = "params",
 ) -> ShardedArray | None:
     """The optimizer step of one weight ``w``, whose optimizer state lives in ``layout``.
 
@@ -602,7 +603,7 @@ def update_weight(
     else ``w`` itself or, when ``layout`` splits it further (ZeRO-1/2), its slice of ``w``.
     ``grad`` (reduced; divided by ``scale`` here) is cut to ``layout`` first, a local slice.
     With ``gathered`` (ZeRO-1/2) the updated slice is returned in ``w``'s dtype for the
-    caller's AllGather; else ``w`` is updated in place (its 16-bit copy refreshed from the
+    caller's AllGather (in ledger category ``sent``); else ``w`` is updated in place (its 16-bit copy refreshed from the
     master) and None returned.
 
     >>> import numpy as np, shardsim
@@ -613,8 +614,11 @@ def update_weight(
     >>> new.layout, new.to_global().tolist()
     (Layout('[D_X, F]'), [[0.5, 0.5], [0.5, 0.5]])
     """
-    mine = state_slice(w, layout)
-    target = master if master is not None else w if mine is w else _owned(mine, w.label, "params")
+    target = master
+    if target is None:
+        mine = state_slice(w, layout)
+        target = w if mine is w else _owned(mine, w.label, sent)
+        del mine
     grad = state_slice(grad, layout)
     if not grad.is_shape_only:
         g = grad.compact()
@@ -622,9 +626,9 @@ def update_weight(
             g = g.astype(target.dtype) * target.dtype.type(1.0 / scale)
         opt.update(target.compact(), g, {s: m.compact() for s, m in moments.items()}, step)
         del g
-    del grad, mine
+    del grad
     if gathered:
-        return target if master is None else cast(target, w.dtype, category="params", label=w.label)
+        return target if master is None else cast(target, w.dtype, category=sent, label=w.label)
     if master is not None and not target.is_shape_only:  # refresh the 16-bit copy of the master
         np.copyto(w.compact(), target.compact(), casting="unsafe")
     return None

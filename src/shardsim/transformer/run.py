@@ -152,6 +152,7 @@ class _Gradients:
 
     def add(self, grads: dict[str, ShardedArray]) -> None:
         for key, g in grads.items():
+            g.as_category("temporaries")  # unreduced: a buffer for the reduction, until finish() holds the result
             if self.accumulate:
                 self.pending[key] = self.pending[key] + g if key in self.pending else g
                 continue
