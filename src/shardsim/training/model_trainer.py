@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import traceback
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,7 +52,6 @@ from ..layout import Layout
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..models.inputs import check_params
-from ..plan import Plan
 from ..tracing import phase, trace
 from .optim import Optimizer
 from .precision import Precision
@@ -67,6 +66,9 @@ from .trainer import (
     _zeros_like,
     update_weight,
 )
+
+if TYPE_CHECKING:
+    from ..plan import Plan
 
 
 class ModelTrainer:
@@ -102,6 +104,7 @@ class ModelTrainer:
         reduce_dtype: Any = None,
         dropout_seed: int | None = None,
     ) -> None:
+        from ..plan import Plan
         from ..transformer import checks
         from ..transformer.roles import Roles
         from ..transformer.run import place_weights
@@ -259,6 +262,6 @@ def _own_all(placed: dict[str, ShardedArray]) -> dict[str, ShardedArray]:
     out = {}
     for k in list(placed):
         v = placed.pop(k)
-        out[k] = _owned(v, k, v.category)
+        out[k] = v.named(k) if v.is_shape_only else _owned(v, k, v.category)  # shape-only: nothing shared
         del v
     return out
