@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..dtypes import resolve_dtype
 from ..errors import PlanError
 from .precision import Precision
 
-_BF16, _FP32 = "bfloat16", "float32"
+_BF16, _FP32 = resolve_dtype("bfloat16"), resolve_dtype("float32")
 
 
 @dataclass(frozen=True)
