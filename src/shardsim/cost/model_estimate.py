@@ -258,6 +258,12 @@ def estimate_model(
     b, s = check_batch(cfg, p, batch_tokens, seq)
     program = model_program(cfg, p, batch_tokens, s, dtype)
     inner, warnings = (None, []) if links else model_links(hw, p)
+    if p.pp > 1 and p.microbatches < p.pp:
+        least = (p.pp - 1) / (p.microbatches + p.pp - 1)
+        warnings.append(
+            f"pp={p.pp} with microbatches={p.microbatches}: the bubble is {least:.0%} of the step at best; "
+            f"use microbatches >= {4 * p.pp} (the batch divides into dp x microbatches)"
+        )
     placement = place(hw, program.mesh, links, topology=topology, inner=inner)
     eff = resolve_efficiency(hw, efficiency, placement.networks())
     title = f"{cfg.name or 'model'} under {p} on {program.mesh}, {hw.name}"
