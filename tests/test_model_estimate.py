@@ -116,6 +116,14 @@ def test_the_sizing_trap_is_closed() -> None:
     assert "does not fit" in est.summary() and "optimizer" in est.memory_line().splitlines()[1]
 
 
+def test_time_only_skips_the_memory_and_says_so() -> None:
+    cfg, plan = TINY.scaled(layers=6), "dp=2,pp=2,microbatches=4"
+    quick = estimate_model(cfg, plan, "h100", batch_tokens=8 * SEQ, seq=SEQ, memory=False)
+    full = estimate_model(cfg, plan, "h100", batch_tokens=8 * SEQ, seq=SEQ)
+    assert quick.step_s == full.step_s and quick.memory == {} and full.memory
+    assert "memory not measured" in quick.summary()
+
+
 # -- placement on GPUs ---------------------------------------------------------------------------
 def test_tensor_parallelism_goes_on_nvlink() -> None:
     est = estimate_model("llama3-8b", "dp=4,pp=2,tp=8", "h100", batch_tokens=8 * 8192)

@@ -59,17 +59,23 @@ def test_the_layer_renaming_breaks_when_the_labels_are_not_renamed(monkeypatch: 
     cfg, p = get("llama-tiny").scaled(layers=6), Plan(dp=2, tp=2)
     monkeypatch.setattr(mp, "_renamer", lambda t, r: lambda label: label)
     mp._program.cache_clear()
+    mp.model_program.cache_clear()
     try:
         fast = mp.model_program(cfg, p, 4 * SEQ, SEQ)
         assert [key(s.event) for s in fast.steps] != [key(s.event) for s in trace_model(cfg, p, 4, SEQ).steps]
     finally:
         mp._program.cache_clear()
+        mp.model_program.cache_clear()
 
 
 def test_the_program_is_cached() -> None:
     cfg = get("llama-tiny").scaled(layers=9)
     a = model_program(cfg, Plan(tp=2), 2 * SEQ, SEQ)
-    assert model_program(cfg, Plan(tp=2), 2 * SEQ, SEQ) is a
+    hits = model_program.cache_info().hits
+    assert model_program(cfg, Plan(tp=2), 2 * SEQ, SEQ) is a and model_program.cache_info().hits == hits + 1
+    # the traced layer is shared by every depth of the same model and plan
+    deeper = model_program(cfg.scaled(layers=12), Plan(tp=2), 2 * SEQ, SEQ)
+    assert deeper.traced_layers == a.traced_layers == 3 and len(deeper.steps) > len(a.steps)
 
 
 @pytest.mark.parametrize(

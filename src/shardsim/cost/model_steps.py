@@ -122,11 +122,14 @@ def _traced(cfg: TransformerConfig, plan: Plan, batch: int, seq: int, dtype: str
     )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=4096)
 def model_program(
     cfg: TransformerConfig, plan: Plan, batch_tokens: int, seq: int | None = None, dtype: str = "bfloat16"
 ) -> ModelProgram:
     """The program of one training step of ``cfg`` under ``plan`` on ``batch_tokens`` tokens in
-    sequences of ``seq`` (default the model's context); cached (see the module doc)."""
+    sequences of ``seq`` (default the model's context); cached (see the module doc):
+    ``model_program.cache_info()`` and ``cache_clear()`` are the cache's. Treat the program
+    as read-only: every caller with the same arguments gets the same object."""
     b, s = check_batch(cfg, plan, batch_tokens, seq)
     if plan.pp > 1 and cfg.layers % (plan.pp * plan.virtual_stages):
         raise DivisibilityError(
