@@ -120,7 +120,7 @@ class ModelTrainer(Checkpointed):
             raise PlanError(f"Trainer.for_model needs a shardsim.Mesh (e.g. plan.mesh()), got {type(mesh).__name__}")
         checks.check_plan(plan, mesh)
         check_params(cfg, params)
-        checks.check_model(cfg, plan, cfg.seq)
+        checks.check_model(cfg, plan.replace(sp=False, cp=1), cfg.seq)  # the widths; each step checks its sequence
         if plan.pp > 1:
             checks.check_pipeline(cfg, plan, plan.dp * plan.microbatches)
         self.cfg, self.plan, self.mesh = cfg, plan, mesh
