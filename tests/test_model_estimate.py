@@ -176,3 +176,11 @@ def test_figures_are_worded_as_the_summary_prints_them() -> None:
     for quantity, value in est.figures():
         assert value.split()[0] in summary, quantity
     assert "bubble" in est._repr_html_() and est.breakdown("layer")
+
+
+@pytest.mark.parametrize("policy", ["scaling-book", "bf16"])
+def test_a_byte_policy_is_the_trainer_ledgers(policy: str) -> None:
+    cfg, plan = TINY.scaled(layers=4), Plan(dp=2, tp=2)
+    est = estimate_model(cfg, plan, "h100", batch_tokens=4 * SEQ, seq=SEQ, policy=policy)
+    assert est.memory == model_memory(cfg, plan, batch=4, seq=SEQ, policy=policy, full=True)[0]
+    assert f"byte policy {policy}" in est.memory_source
