@@ -161,6 +161,8 @@ def test_bad_input_names_the_culprit() -> None:
         estimate_model(TINY, "dp=2,tp=4", "h100", batch_tokens=4 * SEQ, seq=SEQ, chips=16)
     with pytest.raises(ShardsimError, match="no model preset 'llama9'"):
         estimate_model("llama9", "dp=2", "h100", batch_tokens=4 * SEQ)
+    with pytest.raises(ShardsimError, match="no model preset 'llama9'"):  # nor a scheme: the presets' error
+        estimate("llama9", "dp=2", "h100", batch_tokens=4 * SEQ)
     with pytest.raises(ShardsimError, match="does not divide by tp=3"):
         estimate_model(TINY, "tp=3", "h100", batch_tokens=4 * SEQ, seq=SEQ)
     with pytest.raises(ShardsimError, match="fewer than dp=8"):

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..array import ShapeDtype
+from ..dtypes import resolve_dtype
 from ..errors import DivisibilityError
 from ..mesh import Mesh
 from ..models import TransformerConfig
@@ -137,7 +138,7 @@ def model_program(
             + (f" x virtual_stages={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
             + f"; choose pp x virtual_stages dividing {cfg.layers}"
         )
-    return _program(cfg, plan, b, s, str(np.dtype(dtype)) if dtype != "bfloat16" else dtype)
+    return _program(cfg, plan, b, s, resolve_dtype(dtype).name)
 
 
 @functools.lru_cache(maxsize=4096)
