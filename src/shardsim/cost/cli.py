@@ -38,6 +38,7 @@ from .._cli_output import add_output_options, write_csv, write_json
 from .._options import key_values
 from ..errors import CommandLineError
 from ..mesh import Mesh
+from ..strategies.base import ROLE_DEFAULTS
 from .critical import Critical, critical_batch, scheme_mesh
 from .estimator import Estimate, estimate, sweep
 from .hardware import Hardware
@@ -84,6 +85,9 @@ def cli_estimate(args: argparse.Namespace) -> int:
         mesh = Mesh(args.mesh)
     elif scheme == "fsdp_tp":
         raise CommandLineError("fsdp_tp needs --mesh X=...,Y=... (or 'shardsim sweep', which tries every split)")
+    elif len(_roles(scheme)) > 1:
+        example = ",".join(f"{ROLE_DEFAULTS[r]}=2" for r in _roles(scheme))
+        raise CommandLineError(f"{scheme} needs --mesh with an axis for each of its roles, e.g. --mesh {example}")
     else:
         mesh = scheme_mesh(scheme, args.chips)
     batch = args.batch if args.batch is not None else args.per_chip_batch * mesh.size
@@ -310,6 +314,12 @@ def _scheme(name: str) -> str:
     from .. import strategies
 
     return strategies.get(name).name
+
+
+def _roles(name: str) -> tuple[str, ...]:
+    from .. import strategies
+
+    return strategies.get(name).roles
 
 
 def _hardware(args: argparse.Namespace) -> Hardware:

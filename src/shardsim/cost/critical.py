@@ -24,8 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import strategies
 from ..errors import ShardsimError
 from ..mesh import Mesh
+from ..strategies.base import ROLE_DEFAULTS
 from .collectives import collective_time
 from .efficiency import Efficiency, resolve_efficiency
 from .estimator import Estimate, estimate, excess_terms
@@ -200,8 +202,13 @@ def scheme_mesh(scheme: str, chips: int) -> Mesh:
     """
     if scheme == "fsdp_tp":
         raise ShardsimError("fsdp_tp needs an X x Y split; pass mesh=Mesh(X=..., Y=...) or use best_split")
-    axis = ROLE_AXES.get(scheme, ("X",))[0]
-    return Mesh({axis: chips})
+    roles = strategies.get(scheme).roles
+    if len(roles) > 1:
+        example = ", ".join(f"{ROLE_DEFAULTS[r]}=..." for r in roles)
+        raise ShardsimError(
+            f"{scheme} needs a mesh axis for each of its roles {list(roles)}; pass mesh=Mesh({example})"
+        )
+    return Mesh({ROLE_DEFAULTS[roles[0]]: chips})
 
 
 def best_split(
@@ -267,9 +274,21 @@ def _critical_on(
     placement = place(hw, mesh, links, topology=topology)
     eff = resolve_efficiency(hw, efficiency, placement.networks())
 
+    layers = strategies.min_layers(scheme, mesh)  # a pipeline needs a layer per stage
+
     def excess(b: int) -> dict[tuple[str, str], float]:
         est = estimate(
-            scheme, mesh, hw, b * mesh.size, d_model, d_ff, dtype=dtype, links=links, topology=topology, efficiency=eff
+            scheme,
+            mesh,
+            hw,
+            b * mesh.size,
+            d_model,
+            d_ff,
+            layers,
+            dtype=dtype,
+            links=links,
+            topology=topology,
+            efficiency=eff,
         )
         return excess_terms(est.phases)
 

@@ -100,6 +100,7 @@ def run(
     each block adds its input), each layer's weights sharded with the scheme's layout.
     """
     chosen = resolve_axes(scheme, mesh, axes)
+    check_residual(scheme, residual)
     ctx = Ctx(axes=chosen, activation=activation, options=options).check()
     lay = scheme.layouts(ctx)
     names = weight_names(scheme, lay, params)
@@ -154,6 +155,15 @@ def run(
         layouts=layouts,
         axes=chosen,
     )
+
+
+def check_residual(scheme: Scheme, residual: bool) -> None:
+    """A pipeline runs its blocks inside its schedule: it has no block boundary to add a residual at."""
+    if residual and "pipe" in scheme.roles:
+        raise ShardingError(
+            f"residual=True adds each block's input to its output; {scheme.name} runs all its blocks inside "
+            "the pipeline schedule, whose blocks have no residual: leave residual off for a pipeline"
+        )
 
 
 def weight_names(scheme: Scheme, layouts: Mapping[str, str], params: Mapping[str, Any]) -> list[str]:

@@ -55,6 +55,7 @@ from ..strategies.pp import PipelineState
 from ..strategies.runner import (
     backward_stack,
     block_ranks,
+    check_residual,
     forward_stack,
     layer_of,
     reduce_gradients,
@@ -162,6 +163,7 @@ class Trainer:
         self.precision = Precision.of(precision, reduce=reduce_dtype, loss_scale=loss_scale)
         self.residual, self.recompute = residual, recompute
         self.axes = resolve_axes(self.scheme, mesh, axes)
+        check_residual(self.scheme, residual)
         self.ctx = Ctx(axes=self.axes, activation=activation, options=options).check()
         self.layouts = self.scheme.layouts(self.ctx)
         self.names = weight_names(self.scheme, self.layouts, params)
