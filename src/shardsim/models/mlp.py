@@ -48,7 +48,9 @@ class MLP:
         if isinstance(self.experts, bool) or not isinstance(self.experts, int) or self.experts < 0:
             raise ConfigError(f"MLP.experts is the number of experts (0: a dense MLP), got {self.experts!r}")
         if self.experts and self.top_k > self.experts:
-            raise ConfigError(f"MLP.top_k={self.top_k} is more than its {self.experts} experts; choose top_k <= experts")
+            raise ConfigError(
+                f"MLP.top_k={self.top_k} is more than its {self.experts} experts; choose top_k <= experts"
+            )
         if self.experts and self.norm:
             raise ConfigError("MLP: norm=True (Megatron's LayerNorm block) and experts > 0 do not combine; pick one")
         get_activation(self.activation)
