@@ -21,7 +21,7 @@ Plan.parse('dp=2,zero=3,tp=4,data_axis=X,model_axis=Y')
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,9 +31,11 @@ from ..errors import ConfigError, PlanError
 from ..layout import Layout
 from ..mesh import Mesh
 from ..models.mlp import MLP
-from ..plan import DEGREE, Plan
 from .base import ROLE_DEFAULTS, Ctx, Scheme
 from .runner import resolve_axes, stack_depth
+
+if TYPE_CHECKING:
+    from ..plan import Plan
 
 # What each scheme sets on a plan besides its degrees (one per role, read off the mesh).
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -75,6 +77,8 @@ def plan_of(name: str, mesh: Mesh, axes: Mapping[str, str] | None = None, **opti
     >>> plan_of("pp", Mesh(Z=4), microbatches=8)
     Plan.parse('pp=4,microbatches=8,pipe_axis=Z')
     """
+    from ..plan import DEGREE, Plan  # the plan module reads the training package, which reads this one
+
     scheme = _scheme(name)
     if name not in SETTINGS:
         raise PlanError(f"{name} is a scheme of its own, not a plan on the MLP; the plans are of {list(SETTINGS)}")
@@ -96,6 +100,7 @@ def scheme_of(plan: Plan, model: MLP | None = None) -> str:
     """The registered MLP scheme that runs ``plan`` (on ``model``'s kind of block), or a
     :class:`~shardsim.PlanError` naming the parallelism no MLP scheme has and what to use.
 
+    >>> from shardsim.plan import Plan
     >>> scheme_of(Plan(dp=4, zero=2)), scheme_of(Plan(tp=2), MLP(4, 8, norm=True))
     ('zero2', 'tp_ln')
     >>> try:
@@ -151,6 +156,7 @@ def scheme_of(plan: Plan, model: MLP | None = None) -> str:
 def axes_of(plan: Plan, name: str) -> dict[str, str]:
     """Scheme ``name``'s roles mapped to ``plan``'s mesh axes (what ``axes=`` takes).
 
+    >>> from shardsim.plan import Plan
     >>> axes_of(Plan(dp=2, pp=2), "dp_pp")
     {'data': 'data', 'pipe': 'pipe'}
     """
@@ -160,6 +166,7 @@ def axes_of(plan: Plan, name: str) -> dict[str, str]:
 def options_of(plan: Plan, name: str) -> dict[str, Any]:
     """The scheme options ``plan`` sets: a pipeline's schedule and microbatches.
 
+    >>> from shardsim.plan import Plan
     >>> options_of(Plan(pp=2, microbatches=4, schedule="gpipe"), "pp")
     {'schedule': 'gpipe', 'microbatches': 4}
     """

@@ -32,10 +32,6 @@ def check_plan(plan: Plan, mesh: Mesh) -> None:
             f"run_model runs data, ZeRO/FSDP, tensor, sequence, context and pipeline parallelism; "
             f"ep={plan.ep} is not part of it yet: set ep=1"
         )
-    if plan.cp > 1 and plan.pp > 1:
-        raise PlanError(
-            f"run_model does not yet pipeline a context-parallel model (cp={plan.cp}, pp={plan.pp}): set pp=1 or cp=1"
-        )
 
 
 def check_model(cfg: TransformerConfig, plan: Plan, seq: int, *, dropout_on: bool = False) -> None:
