@@ -62,6 +62,7 @@ PLANS = (
     "cp=2,pp=2,microbatches=2",
     "ep=2",
     "dp=2,ep=2",
+    "dp=2,tp=2,ep=2",
 )
 SMALL = {"d_model": 8, "d_ff": 16, "batch": 16}  # the exact runs: float64 on the host
 REAL = {"d_model": 8192, "d_ff": 32768, "per_chip": 4096}  # the shape-only runs and estimates
@@ -70,6 +71,7 @@ LR = 0.1
 CHIPS = {1: 2, 2: 4, 3: 8}  # chips of a scheme's small mesh, by its number of roles
 SMALL_MODEL = TransformerConfig(layers=2, d_model=8, heads=2, d_ff=16, vocab=8, seq=8, name="small")
 REAL_MODEL = "llama3-8b"  # its widths, vocabulary and sequence; its layers cut to what the plan needs
+# (under ep, 4 GELU experts per block at small size, as many at real size)
 
 
 @dataclass(frozen=True)
@@ -248,10 +250,11 @@ def plan_row(text: str) -> list[Cell]:
     from .transformer.run import run_model
 
     plan = Plan.parse(text)
-    cfg = SMALL_MODEL.scaled(layers=max(2, plan.pp * plan.virtual_stages))
+    experts = {"experts": 4, "mlp": "gelu"} if plan.ep > 1 else {}  # expert parallelism splits a mixture of experts
+    cfg = SMALL_MODEL.scaled(layers=max(2, plan.pp * plan.virtual_stages), **experts)
     params = reference.init(cfg, seed=1, dtype="float64")
     rng = np.random.default_rng(0)
-    b = 2 * plan.dp * plan.microbatches
+    b = 2 * plan.dp * plan.ep * plan.microbatches
     tokens, targets = rng.integers(0, cfg.vocab, (b, cfg.seq)), rng.integers(0, cfg.vocab, (b, cfg.seq))
 
     def exact() -> str:
@@ -274,9 +277,9 @@ def plan_row(text: str) -> list[Cell]:
         shapes = run_model(cfg, plan, plan.mesh(), spec, ids, ids)
         if not same_program(exact_run.trace, shapes.trace):
             raise MismatchError("the shape-only run's trace is not the exact run's")
-        big = get(REAL_MODEL).scaled(layers=plan.pp * plan.virtual_stages)
+        big = get(REAL_MODEL).scaled(layers=plan.pp * plan.virtual_stages, **experts)
         spec = {k: ShapeDtype(v, "bfloat16") for k, v in big.param_shapes().items()}
-        ids = ShapeDtype((plan.dp * plan.microbatches, big.seq), "int64")
+        ids = ShapeDtype((plan.dp * plan.ep * plan.microbatches, big.seq), "int64")
         r = run_model(big, plan, plan.mesh(), spec, ids, ids)
         assert r.peak is not None
         return f"same trace as the exact run; {REAL_MODEL} widths: {int(r.peak.max()) / 1e9:.2f} GB/chip"
@@ -298,7 +301,7 @@ def plan_row(text: str) -> list[Cell]:
         return "saved"
 
     def cli() -> str:
-        _cli(["demo", "--model", "llama-tiny", "--plan", text])
+        _cli(["demo", "--model", "moe-tiny" if plan.ep > 1 else "llama-tiny", "--plan", text])
         _cli(["estimate", "--model", REAL_MODEL, "--plan", text, "--hardware", "h100"])
         return "demo, estimate"
 

@@ -42,7 +42,7 @@ def walk(model: str | TransformerConfig, plan: str | Plan) -> str:
     roles = Roles.of(plan, cfg.n_kv)
     params = reference.init(cfg, seed=0, dtype="float64")
     rng = np.random.default_rng(0)
-    b = 2 * plan.dp
+    b = 2 * plan.dp * plan.ep  # outside the experts the expert axis splits the batch too
     tokens, targets = rng.integers(0, cfg.vocab, (b, cfg.seq)), rng.integers(0, cfg.vocab, (b, cfg.seq))
     seed = 0 if cfg.dropout else None
     dtype = np.dtype("float64")

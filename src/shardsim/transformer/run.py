@@ -86,7 +86,7 @@ def _place(mesh: Mesh, value: Any, layout: str, label: str, dtype: np.dtype, cat
 
 def _tokens(mesh: Mesh, roles: Roles, value: Any, label: str) -> ShardedArray:
     dt = value.dtype if isinstance(value, ShapeDtype) else np.asarray(value).dtype
-    layout = f"[{dim('B', roles.data)}, {dim('S', roles.context)}]"
+    layout = f"[{dim('B', *roles.batch)}, {dim('S', roles.context)}]"
     return _place(mesh, value, layout, label, np.dtype(dt), "activations")
 
 
@@ -125,9 +125,10 @@ class _Gradients:
                 )
                 return
             g = all_reduce(g, r.context, label=f"d{key}")
-        if r.data is not None:
+        over = tuple(a for a in r.batch if a in g.layout.partial)  # the experts' own reduced theirs already
+        if over:
             g = (
-                all_reduce(g, r.data, label=f"d{key}")
+                all_reduce(g, over, label=f"d{key}")
                 if r.zero < 2
                 else reduce_scatter(g, r.data, r.shard_dim(key), label=f"d{key}")
             )
