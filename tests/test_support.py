@@ -71,10 +71,17 @@ def test_a_plan_claimed_exact_holds_to_the_transformer_reference(text: str, cell
         assert cell.note  # a refusal says why
         return
     plan = Plan.parse(text)
-    cfg = TransformerConfig(layers=plan.pp * plan.virtual_stages * 2, d_model=8, heads=2, d_ff=16, vocab=8, seq=8)
-    check_against_reference(cfg, plan, "float64", 2 * plan.dp * plan.microbatches, None)
+    experts = 4 if plan.ep > 1 else 0  # expert parallelism splits a mixture of experts
+    cfg = TransformerConfig(
+        layers=plan.pp * plan.virtual_stages * 2, d_model=8, heads=2, d_ff=16, vocab=8, seq=8, experts=experts
+    )
+    check_against_reference(cfg, plan, "float64", 2 * plan.dp * plan.ep * plan.microbatches, None)
     check_against_reference(
-        cfg.scaled(position="rope", mlp="swiglu", norm="rmsnorm"), plan, "float64", 4 * plan.dp, None
+        cfg.scaled(position="rope", mlp="gelu" if experts else "swiglu", norm="rmsnorm"),
+        plan,
+        "float64",
+        4 * plan.dp * plan.ep,
+        None,
     )
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from finite_differences import numeric_grad
-from test_run_model import check_against_reference
 
+from finite_differences import numeric_grad
 from shardsim import ConfigError, DivisibilityError, PlanError, ShapeDtype
 from shardsim.models import TransformerConfig, get, reference
 from shardsim.plan import Plan
 from shardsim.transformer.run import run_model
+from test_run_model import check_against_reference
 
 MOE = TransformerConfig(layers=2, d_model=8, heads=2, d_ff=16, vocab=8, seq=4, experts=4)
 

@@ -118,7 +118,9 @@ class TransformerConfig:
         if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
             raise ConfigError(f"TransformerConfig.norm_eps must be a positive number, got {self.norm_eps!r}")
         if isinstance(self.experts, bool) or not isinstance(self.experts, int) or self.experts < 0:
-            raise ConfigError(f"TransformerConfig.experts is the number of experts (0: a dense MLP), got {self.experts!r}")
+            raise ConfigError(
+                f"TransformerConfig.experts is the number of experts (0: a dense MLP), got {self.experts!r}"
+            )
         if self.experts:
             _positive_int("top_k", self.top_k)
             if self.top_k > self.experts:

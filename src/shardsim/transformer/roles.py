@@ -47,6 +47,7 @@ _WEIGHT_DIMS = {
     "b_down": (("D",), None),
 }
 _KV = ("wk", "wv", "bk", "bv")
+_MOE_DIMS = {"router": ("D", "E"), "w_in": ("E", "D", "F"), "w_out": ("E", "F", "D")}  # a mixture of experts
 
 
 @dataclass(frozen=True)
@@ -102,11 +103,10 @@ class Roles:
         return f"[{dim('B', *self.batch)}, {dim('S', self.context)}, {last}]"
 
     def weight_dims(self, name: str, *, sharded: bool) -> tuple[str, ...]:
-        if ".moe." in name:  # the router is replicated; the experts are split over the expert axis
-            short = name.rsplit(".", 1)[-1]
-            names = ("D", "E") if short == "router" else ("E", "D", "F") if short == "w_in" else ("E", "F", "D")
-            return tuple(dim(n, self.expert if n == "E" and short != "router" else None) for n in names)
         short = name.rsplit(".", 1)[-1]
+        if ".moe." in name:  # the router is replicated; the experts are split over the expert axis
+            moe_dims = _MOE_DIMS[short]
+            return tuple(dim(n, self.expert if n == "E" and short != "router" else None) for n in moe_dims)
         names, split = _WEIGHT_DIMS[short]
         if self.kv_copies > 1 and short in _KV:
             split = None  # replicated on every chip; each takes its head's columns (local.expand_kv)

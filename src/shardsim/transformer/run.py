@@ -130,7 +130,7 @@ class _Gradients:
             g = (
                 all_reduce(g, over, label=f"d{key}")
                 if r.zero < 2
-                else reduce_scatter(g, r.data, r.shard_dim(key), label=f"d{key}")
+                else reduce_scatter(g, over, r.shard_dim(key), label=f"d{key}")
             )
         if key == "pos_embed" and self.seq < self.step.cfg.seq:
             g = rows(g, self.seq, total=self.step.cfg.seq)  # positions past the sequence get no gradient
