@@ -264,11 +264,20 @@ def plan_row(text: str) -> list[Cell]:
         err = max(abs(got.loss - want_loss) / abs(want_loss), *(relative_error(got.grads[k], want[k]) for k in want))
         return _held(err, "loss and grads")
 
-    def step() -> str:
-        from .training import Trainer
+    def trainer() -> Any:
+        from .training import SGD, Trainer
 
-        Trainer(cfg, plan, params, "sgd")  # type: ignore[arg-type]  # a (model, plan) Trainer, where there is one
-        return "steps"
+        return Trainer.for_model(cfg, plan, plan.mesh(), params, SGD(lr=LR))
+
+    def step() -> str:
+        t = trainer()
+        loss = t.step(tokens, targets).loss
+        want_loss, want = reference.loss_and_grads(cfg, params, tokens, targets)
+        new = t.params_global()
+        err = max(
+            abs(loss - want_loss) / abs(want_loss), *(relative_error(new[k], params[k] - LR * want[k]) for k in want)
+        )
+        return _held(err, "loss and updated weights")
 
     def shape_only() -> str:
         exact_run = run_model(cfg, plan, plan.mesh(), params, tokens, targets)
@@ -287,8 +296,10 @@ def plan_row(text: str) -> list[Cell]:
     def estimate() -> str:
         from .cost import estimate as est
 
-        est(get(REAL_MODEL), plan, "h100")  # type: ignore[call-arg, arg-type]  # estimate(model, plan), where there is one
-        return "estimates"
+        big = get(REAL_MODEL).scaled(**experts) if experts else get(REAL_MODEL)
+        e = est(big, plan, "h100", batch_tokens=2 * plan.dp * plan.ep * plan.microbatches * big.seq)
+        fits = "fits" if e.fits else "does not fit"
+        return f"{big.name}: {e.step_s * 1e3:.4g} ms, {e.bound}-bound, {e.memory['total'] / 1e9:.1f} GB/chip ({fits})"
 
     def critical() -> str:
         from .cost import critical_batch
@@ -297,8 +308,13 @@ def plan_row(text: str) -> list[Cell]:
         return "critical batch"
 
     def saved() -> str:
-        step()
-        return "saved"
+        a, b = trainer(), trainer()
+        a.step(tokens, targets)
+        with tempfile.TemporaryDirectory() as d:
+            b.restore(checkpoint.load(checkpoint.save(f"{d}/ckpt", a.state()), b.mesh))
+        if a.step(tokens, targets).loss != b.step(tokens, targets).loss:
+            raise MismatchError("the restored Trainer's next step differs from the saved one's")
+        return "saved, restored, next step bit for bit"
 
     def cli() -> str:
         _cli(["demo", "--model", "moe-tiny" if plan.ep > 1 else "llama-tiny", "--plan", text])
@@ -337,12 +353,37 @@ def markdown(cells: Sequence[Cell]) -> str:
                     n = notes.setdefault(c.note, len(notes) + 1)
                     texts.append(f"no [{n}](#note-{n})")
             out.append(f"| `{row}` | " + " | ".join(texts) + " |")
+    out += [
+        "",
+        "## Each registered scheme as a plan",
+        "",
+        PLAN_NOTE,
+        "",
+        "| scheme | its mesh | plan | back |",
+        "|---|---|---|---|",
+    ]
+    for name in strategies.names():
+        mesh = scheme_mesh(name)
+        plan = strategies.plan_of(name, mesh)
+        sizes = ",".join(f"{a}={n}" for a, n in zip(mesh.axis_names, mesh.shape))
+        out.append(f"| `{name}` | `{sizes}` | `{plan}` | `{strategies.scheme_of(plan, _model_of(name))}` |")
     out += ["", "## Why not", ""]
     out += [f'<a id="note-{n}"></a>{n}. {note.replace("|", "/")}' for note, n in notes.items()]
     out += ["", "## What each working cell checked", ""]
     out += [f"- `{c.row}`, {c.column}: {c.note}" for c in cells if c.works]
     return "\n".join(out) + "\n"
 
+
+def _model_of(name: str) -> Any:
+    """The small MLP of scheme ``name``'s row (its kind of block: dense, LayerNorm or experts)."""
+    mesh = scheme_mesh(name)
+    return strategies.mlp_for(name, mesh, SMALL["d_model"], SMALL["d_ff"], strategies.min_layers(name, mesh))
+
+
+PLAN_NOTE = """`strategies.plan_of(name, mesh)` gives the plan, `strategies.scheme_of(plan, model)` the scheme
+back (`zero3` and `fsdp` are one plan); a plan no MLP scheme runs (`dp=2,tp=2` without ZeRO-3,
+`cp`, experts with `tp`...) gets a `PlanError` naming the missing parallelism, and runs on the
+transformer with `run_model` (table above)."""
 
 HEADER = """# Support matrix
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import strategies
-from ..errors import ShardsimError
+from ..errors import CostModelError, ShardsimError
 from ..mesh import Mesh
 from ..strategies.base import ROLE_DEFAULTS
 from .collectives import collective_time
@@ -101,6 +101,14 @@ def critical_batch(
     >>> c.mesh, c.placement, round(c.per_chip_batch)
     (Mesh(X=1024, Y=4), 'X=1024: ici 4:4x16x16 / Y=4: ici 4', 300)
     """
+    from .estimator import _is_model
+
+    if _is_model(scheme):  # the book's test is on one MLP layer's phases; a model's batch is whole sequences
+        raise CostModelError(
+            "critical_batch finds the per-chip batch of an MLP scheme (e.g. critical_batch('fsdp', 'h100')); for a "
+            "model under a plan, read estimate(model, plan, hardware, batch_tokens=...).bound at the batches you "
+            "would train with"
+        )
     hw = get_hardware(hardware)
     f = 4 * d_model if d_ff is None else d_ff
     where = (links, topology, efficiency)
