@@ -164,15 +164,18 @@ def axes_of(plan: Plan, name: str) -> dict[str, str]:
 
 
 def options_of(plan: Plan, name: str) -> dict[str, Any]:
-    """The scheme options ``plan`` sets: a pipeline's schedule and microbatches.
+    """The scheme options ``plan`` sets: a pipeline's schedule and microbatches (the plan's default
+    of 1 leaves the scheme's own choice, a batch divisor near twice the stages).
 
     >>> from shardsim.plan import Plan
-    >>> options_of(Plan(pp=2, microbatches=4, schedule="gpipe"), "pp")
-    {'schedule': 'gpipe', 'microbatches': 4}
+    >>> options_of(Plan(pp=2, microbatches=4, schedule="gpipe"), "pp"), options_of(Plan(pp=2), "pp")
+    ({'schedule': 'gpipe', 'microbatches': 4}, {'schedule': '1f1b'})
     """
     if "microbatches" not in _scheme(name).options:
         return {}
-    out: dict[str, Any] = {"schedule": plan.schedule, "microbatches": plan.microbatches}
+    out: dict[str, Any] = {"schedule": plan.schedule}
+    if plan.microbatches != 1:
+        out["microbatches"] = plan.microbatches
     return out
 
 
