@@ -50,7 +50,7 @@ COST_SCHEMES = ("ddp", "fsdp", "tp", "fsdp_tp")
 def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``shardsim estimate``."""
     _common(parser)
-    parser.add_argument("--scheme", default="fsdp", help="ddp, fsdp, tp or fsdp_tp (default fsdp)")
+    parser.add_argument("--scheme", default="fsdp", help="a registered scheme, see 'shardsim schemes' (default fsdp)")
     _mesh_options(parser, "mesh axes, e.g. X=16 or X=64,Y=4 (default: --chips laid out for the scheme)")
     parser.add_argument(
         "--chips", type=count("cost_chips"), default=16, help="chips when --mesh is not given (default 16)"
@@ -202,7 +202,7 @@ def cli_sweep(args: argparse.Namespace) -> int:
 def add_critical_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``shardsim critical``."""
     _common(parser)
-    parser.add_argument("--scheme", default="fsdp", help="ddp, fsdp, tp or fsdp_tp (default fsdp)")
+    parser.add_argument("--scheme", default="fsdp", help="a registered scheme, see 'shardsim schemes' (default fsdp)")
     _mesh_options(parser, "a fixed mesh, e.g. X=16 (default: --chips laid out for the scheme)")
     parser.add_argument(
         "--chips", type=count("cost_chips"), help="chips (default: a ring of 16 TPUs or a node of 8 GPUs)"
