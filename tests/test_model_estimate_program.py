@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shardsim.cost import get_hardware, model_program, place
-from shardsim.cost.model_steps import check_batch, model_memory_ledger, trace_model
+from shardsim.cost.model_steps import check_batch, trace_model
 from shardsim.cost.timeline import build_timeline
 from shardsim.errors import DivisibilityError
 from shardsim.models import get
@@ -64,14 +64,6 @@ def test_the_layer_renaming_breaks_when_the_labels_are_not_renamed(monkeypatch: 
         assert [key(s.event) for s in fast.steps] != [key(s.event) for s in trace_model(cfg, p, 4, SEQ).steps]
     finally:
         mp._program.cache_clear()
-
-
-@pytest.mark.parametrize("plan", ["dp=2,tp=2", "dp=2,zero=3,recompute=full", "pp=2,microbatches=4,dp=2"])
-def test_the_passes_memory_is_the_deep_trace_ledger(plan: str) -> None:
-    cfg, p = get("llama-tiny").scaled(layers=8), Plan.parse(plan)
-    peak, _, source = model_memory_ledger(cfg, p, 8, SEQ, "bfloat16", "adam", None, "")
-    assert peak == trace_model(cfg, p, 8, SEQ).memory
-    assert "passes only" in source
 
 
 def test_the_program_is_cached() -> None:

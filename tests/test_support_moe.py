@@ -8,13 +8,16 @@ AllToAlls of a layer sends ``(N-1)/N`` of a chip's ``E x S x D`` slot buffer, wh
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from finite_differences import numeric_grad
-from shardsim import ConfigError, DivisibilityError, PlanError, ShapeDtype
+from shardsim import ConfigError, DivisibilityError, PlanError, ShapeDtype, checkpoint
 from shardsim.models import TransformerConfig, get, reference
 from shardsim.plan import Plan
+from shardsim.training import SGD, Trainer
 from shardsim.transformer.run import run_model
 from test_run_model import check_against_reference
 
@@ -112,3 +115,40 @@ def test_the_batch_must_divide_over_data_and_expert_axes() -> None:
     tok = np.zeros((2, MOE.seq), int)
     with pytest.raises(DivisibilityError, match="dp x ep = 4"):
         run_model(MOE, plan, plan.mesh(), params, tok, tok)
+
+
+@pytest.mark.parametrize("text", ["dp=2,zero=1,ep=2", "dp=2,tp=2,pp=2,microbatches=2", "ep=2,pp=2,microbatches=2"])
+def test_a_transformer_trainer_checkpoint_resumes_bit_for_bit_where_it_was_held(text: str, tmp_path: Path) -> None:
+    plan = Plan.parse(text)
+    cfg = MOE.scaled(layers=2) if plan.ep > 1 else MOE.scaled(experts=0)
+    params = reference.init(cfg, seed=2, dtype="float64")
+    rng = np.random.default_rng(0)
+    b = 2 * plan.dp * plan.ep * plan.microbatches
+    tok, tgt = rng.integers(0, cfg.vocab, (b, cfg.seq)), rng.integers(0, cfg.vocab, (b, cfg.seq))
+    a = Trainer.for_model(cfg, plan, plan.mesh(), params, "adam")
+    fresh = Trainer.for_model(cfg, plan, plan.mesh(), params, "adam")
+    a.step(tok, tgt)
+    live = {c: fresh.mesh.memory.live(c).copy() for c in ("params", "optimizer")}
+    fresh.restore(checkpoint.load(checkpoint.save(str(tmp_path / "ckpt"), a.state()), fresh.mesh))
+    for c, before in live.items():  # the values come back where they were held (a stage's chips)
+        assert np.array_equal(fresh.mesh.memory.live(c), before), c
+    assert fresh.step_count == 1 and a.step(tok, tgt).loss == fresh.step(tok, tgt).loss
+    for k, v in a.params_global().items():
+        assert np.array_equal(v, fresh.params_global()[k]), k
+    for slot, values in a.moments_global().items():
+        for k, v in values.items():
+            assert np.array_equal(v, fresh.moments_global()[slot][k]), (slot, k)
+
+
+@pytest.mark.parametrize("text", ["dp=2,zero=1,ep=2", "dp=2,tp=2,sp,ep=2", "ep=2,pp=2,microbatches=2"])
+def test_a_transformer_trainer_with_experts_takes_the_reference_step(text: str) -> None:
+    plan = Plan.parse(text)
+    params = reference.init(MOE, seed=3, dtype="float64")
+    rng = np.random.default_rng(1)
+    b = 2 * plan.dp * plan.ep * plan.microbatches
+    tok, tgt = rng.integers(0, MOE.vocab, (b, MOE.seq)), rng.integers(0, MOE.vocab, (b, MOE.seq))
+    want_loss, want = reference.loss_and_grads(MOE, params, tok, tgt)
+    t = Trainer.for_model(MOE, plan, plan.mesh(), params, SGD(lr=0.1))
+    assert t.step(tok, tgt).loss == pytest.approx(want_loss, rel=1e-12)
+    for k, v in t.params_global().items():
+        assert np.allclose(v, params[k] - 0.1 * want[k], rtol=1e-12, atol=1e-14), k

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..dtypes import resolve_dtype
 from ..errors import PlanError
 from ..models import TransformerConfig
 from ..models import get as get_model
@@ -219,6 +220,7 @@ def estimate_model(
     efficiency: str | Efficiency = "calibrated",
     optimizer: str = "adam",
     precision: str | None = None,
+    policy: str | None = None,
     overlap: bool = True,
     prefetch: int = 1,
     dtype: str = "bfloat16",
@@ -228,8 +230,9 @@ def estimate_model(
     ``batch_tokens`` is the global batch in tokens, in sequences of ``seq`` (default the
     model's context); ``chips``, when given, must equal the plan's product of degrees;
     ``links``/``topology``/``efficiency`` as :func:`~shardsim.cost.estimate` takes them;
-    ``optimizer`` and ``precision`` (default: the plan's, else ``dtype``'s) are the training
-    step's whose ledger gives ``memory``.
+    ``optimizer`` and ``precision`` (default: the plan's, else ``dtype``'s), or a byte
+    ``policy`` (:mod:`shardsim.training.policies`, naming both), are the training step's whose
+    ledger gives ``memory`` (:func:`shardsim.training.model_memory`).
 
     >>> e = estimate_model("llama3-70b", "dp=16,tp=8,pp=4,zero=1,microbatches=8", "h100",
     ...                    chips=512, batch_tokens=128 * 8192)
@@ -244,11 +247,23 @@ def estimate_model(
             f"plan {p} multiplies to {p.chips} chips ({degrees}), not chips={chips}; "
             f"change a degree so their product is {chips}"
         )
-    precision = precision if precision is not None else p.precision
-    source = _memory_source(optimizer, precision, dtype)
+    if policy is None:
+        precision = precision if precision is not None else p.precision
+        source = _memory_source(optimizer, precision, dtype)
+    else:
+        from ..training import policies
+
+        chosen = policies.get(policy)
+        source = f"one training step, byte policy {chosen.name} ({chosen.optimizer}, {chosen.precision})"
     b, s = check_batch(cfg, p, batch_tokens, seq)
     program = model_program(cfg, p, batch_tokens, s, dtype)
     inner, warnings = (None, []) if links else model_links(hw, p)
+    if p.pp > 1 and p.microbatches < p.pp:
+        least = (p.pp - 1) / (p.microbatches + p.pp - 1)
+        warnings.append(
+            f"pp={p.pp} with microbatches={p.microbatches}: the bubble is {least:.0%} of the step at best; "
+            f"use microbatches >= {4 * p.pp} (the batch divides into dp x microbatches)"
+        )
     placement = place(hw, program.mesh, links, topology=topology, inner=inner)
     eff = resolve_efficiency(hw, efficiency, placement.networks())
     title = f"{cfg.name or 'model'} under {p} on {program.mesh}, {hw.name}"
@@ -256,11 +271,13 @@ def estimate_model(
         program.steps, hw, placement, overlap=overlap, prefetch=prefetch, title=title, efficiency=eff,
         mesh=program.mesh,
     )  # fmt: skip
-    memory, state, memory_source = model_memory_ledger(cfg, p, b, s, dtype, optimizer, precision, source)
+    if policy is None and precision is None:
+        precision = resolve_dtype(dtype).name  # the weights' dtype's policy, as the MLP estimate's
+    memory, state = model_memory_ledger(cfg, p, b, s, optimizer, precision, policy)
     return ModelEstimate(
         scheme=str(p), hardware=hw, mesh=program.mesh, batch=batch_tokens, d_model=cfg.d_model, d_ff=cfg.d_ff,
         layers=cfg.layers, dtype=dtype, timeline=tl, memory=memory, phases=tl.phase_totals(), efficiency=eff,
-        memory_source=memory_source, model_state=state, cfg=cfg, plan=p, seq=s, program=program,
+        memory_source=source, model_state=state, cfg=cfg, plan=p, seq=s, program=program,
         placement=placement, warnings=warnings,
     )  # fmt: skip
 

@@ -55,8 +55,10 @@ from ..models.inputs import check_params
 from ..tracing import phase, trace
 from .optim import Optimizer
 from .precision import Precision
+from .scaling import ScaleState
 from .trainer import (
     MODEL_STATE,
+    Checkpointed,
     StepResult,
     _optimizer,
     _owned,
@@ -71,7 +73,7 @@ if TYPE_CHECKING:
     from ..plan import Plan
 
 
-class ModelTrainer:
+class ModelTrainer(Checkpointed):
     """A transformer's sharded weights and optimizer state under a plan, trained step by step.
 
     Build it with :meth:`Trainer.for_model <shardsim.training.Trainer.for_model>`; see the
@@ -119,7 +121,7 @@ class ModelTrainer:
         check_params(cfg, params)
         checks.check_model(cfg, plan, cfg.seq)
         if plan.pp > 1:
-            checks.check_pipeline(cfg, plan, plan.dp * plan.microbatches)
+            checks.check_pipeline(cfg, plan, plan.dp * plan.ep * plan.microbatches)
         self.cfg, self.plan, self.mesh = cfg, plan, mesh
         self.optimizer: Optimizer = _optimizer(optimizer)
         if precision is None:
@@ -153,6 +155,7 @@ class ModelTrainer:
                 self.moments[k][slot] = v.named(f"{slot}.{k}")
         del zeros
         self.step_count = 0
+        self.scale = ScaleState(1.0)  # no loss scaling: float16 is refused above
 
     @property
     def master_dtype(self) -> np.dtype:
@@ -245,6 +248,22 @@ class ModelTrainer:
                 copy = None if v.is_shape_only else v.compact().copy()
                 entries.append(_Undo(holder, k, v, None, v.uid, copy))
         return entries
+
+    # -- checkpointing: Checkpointed.state() and .restore() over these slots ------------------
+    @property
+    def name(self) -> str:
+        return f"{self.cfg.name or 'model'} under {self.plan}"
+
+    def _state_slots(self) -> list[tuple[tuple[str, ...], dict[str, Any], str]]:
+        """``params/<key>``, ``master/<key>`` (mixed precision), ``moments/<slot>/<key>``."""
+        slots: list[tuple[tuple[str, ...], dict[str, Any], str]] = []
+        for k in self.params:
+            slots.append((("params", k), self.params, k))
+            if self.precision.mixed:
+                slots.append((("master", k), self.master, k))
+            for slot in self.optimizer.slots:
+                slots.append((("moments", slot, k), self.moments[k], slot))
+        return slots
 
     # -- reading the state -----------------------------------------------------------------
     def params_global(self) -> dict[str, np.ndarray]:

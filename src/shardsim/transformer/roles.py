@@ -106,7 +106,10 @@ class Roles:
         short = name.rsplit(".", 1)[-1]
         if ".moe." in name:  # the router is replicated; the experts are split over the expert axis
             moe_dims = _MOE_DIMS[short]
-            return tuple(dim(n, self.expert if n == "E" and short != "router" else None) for n in moe_dims)
+            split_e = [[self.expert if n == "E" and short != "router" else None] for n in moe_dims]
+            if sharded:  # ZeRO-1's optimizer state: D over the data axis too
+                split_e[moe_dims.index("D")].append(self.data)
+            return tuple(dim(n, *a) for n, a in zip(moe_dims, split_e))
         names, split = _WEIGHT_DIMS[short]
         if self.kv_copies > 1 and short in _KV:
             split = None  # replicated on every chip; each takes its head's columns (local.expand_kv)
