@@ -9,15 +9,21 @@ was not run:
 - ``exact run``: :func:`~shardsim.run_strategy` / :func:`~shardsim.run_model` on data, held
   to the single-device reference (:func:`~shardsim.strategies.reference_of`,
   :func:`shardsim.models.reference.loss_and_grads`): its largest relative error.
-- ``Trainer step``: one SGD step of :class:`~shardsim.training.Trainer`, held to the
-  reference's update ``W - lr · dW`` and loss.
+- ``Trainer step``: one SGD step of :class:`~shardsim.training.Trainer` (for the
+  transformer, ``Trainer.for_model``), held to the reference's update ``W - lr · dW`` and loss.
 - ``shape-only trace``: the same program on shape-only values gives the exact run's trace
   (every op, axis, phase and byte), then runs at real widths (the chip's bytes it reports).
-- ``estimate``, ``critical batch``: :func:`~shardsim.cost.estimate` and
-  :func:`~shardsim.cost.critical_batch` on an H100 at real widths.
+- ``estimate``, ``critical batch``: :func:`~shardsim.cost.estimate` (of the scheme, or of
+  the model under the plan) and :func:`~shardsim.cost.critical_batch` on an H100 at real widths.
 - ``checkpoint``: a Trainer's state saved and loaded into a fresh Trainer, whose next step
   equals the first Trainer's, bit for bit.
-- ``CLI``: ``shardsim demo``, ``train`` and ``estimate`` for the row, each exiting 0.
+- ``CLI``: ``shardsim demo``, ``train`` and ``estimate`` for a scheme (``demo --model`` and
+  ``estimate --model`` for a plan), each exiting 0.
+
+The MLP rows run a stack of ``max(2, stages)`` blocks of D=8, F=16 (GELU) on 2 chips per
+role; the transformer rows a 2-layer (or one per stage and chunk) model of width 8, with 4
+experts under ``ep``. "Real widths" are D=8192, F=32768 for the MLP and Llama 3 8B's widths,
+vocabulary and sequence for the transformer.
 
 ``python -m shardsim.support docs/support.md`` writes the table (:func:`markdown`).
 
