@@ -82,7 +82,8 @@ class ModelTrainer(Checkpointed):
     ``precision`` is a :class:`Precision` or a name (``fp32``, ``fp64``, ``bf16``), by
     default the plan's, else the params' own dtype; ``reduce_dtype`` the dtype gradients
     are summed over the data axis in. ``dropout_seed`` turns on the config's dropout with
-    the reference's masks.
+    the reference's masks. :meth:`state` and :meth:`restore` checkpoint it as the MLP
+    trainer's do (``{"params": {key: ...}, "master": ..., "moments": {slot: ...}, "step": ...}``).
 
     >>> import shardsim
     >>> from shardsim.models import get
@@ -119,7 +120,7 @@ class ModelTrainer(Checkpointed):
             raise PlanError(f"Trainer.for_model needs a shardsim.Mesh (e.g. plan.mesh()), got {type(mesh).__name__}")
         checks.check_plan(plan, mesh)
         check_params(cfg, params)
-        checks.check_model(cfg, plan, cfg.seq)
+        checks.check_model(cfg, plan.replace(sp=False, cp=1), cfg.seq)  # the widths; each step checks its sequence
         if plan.pp > 1:
             checks.check_pipeline(cfg, plan, plan.dp * plan.ep * plan.microbatches)
         self.cfg, self.plan, self.mesh = cfg, plan, mesh
@@ -155,7 +156,7 @@ class ModelTrainer(Checkpointed):
                 self.moments[k][slot] = v.named(f"{slot}.{k}")
         del zeros
         self.step_count = 0
-        self.scale = ScaleState(1.0)  # no loss scaling: float16 is refused above
+        self.scale = ScaleState(1.0)  # no loss scaling: the checkpoint's counters are the MLP trainer's
 
     @property
     def master_dtype(self) -> np.dtype:
@@ -249,13 +250,13 @@ class ModelTrainer(Checkpointed):
                 entries.append(_Undo(holder, k, v, None, v.uid, copy))
         return entries
 
-    # -- checkpointing: Checkpointed.state() and .restore() over these slots ------------------
+    # -- reading the state -----------------------------------------------------------------
     @property
-    def name(self) -> str:
-        return f"{self.cfg.name or 'model'} under {self.plan}"
+    def _name(self) -> str:
+        return f"transformer ({self.plan})"
 
     def _state_slots(self) -> list[tuple[tuple[str, ...], dict[str, Any], str]]:
-        """``params/<key>``, ``master/<key>`` (mixed precision), ``moments/<slot>/<key>``."""
+        """Where each value of :meth:`state` lives: its path, the dict holding it, and its key there."""
         slots: list[tuple[tuple[str, ...], dict[str, Any], str]] = []
         for k in self.params:
             slots.append((("params", k), self.params, k))
@@ -265,7 +266,6 @@ class ModelTrainer(Checkpointed):
                 slots.append((("moments", slot, k), self.moments[k], slot))
         return slots
 
-    # -- reading the state -----------------------------------------------------------------
     def params_global(self) -> dict[str, np.ndarray]:
         """The optimizer's weights as global arrays (the float32 masters in mixed precision)."""
         held = self.master if self.precision.mixed else self.params

@@ -112,24 +112,23 @@ class StepResult:
 
 
 class Checkpointed:
-    """Saving and restoring a trainer's state (:meth:`state`, :meth:`restore`): what a trainer
-    lists in ``_state_slots`` (its weights, master weights and moments), its step count and its
-    loss scale, the same for the MLP :class:`Trainer` and the transformer's
+    """:meth:`state` and :meth:`restore` of a trainer, from the list of its state's values
+    (``_state_slots``): shared by the MLP :class:`Trainer` and the transformer's
     :class:`~shardsim.training.model_trainer.ModelTrainer`."""
 
     mesh: Mesh
     precision: Precision
-    step_count: int
     scale: ScaleState
+    step_count: int
 
     @property
-    def name(self) -> str:
-        """What the trainer trains, for messages: its scheme, or its model's plan."""
+    def _name(self) -> str:
         raise NotImplementedError
 
     def _state_slots(self) -> list[tuple[tuple[str, ...], dict[str, Any], str]]:
         raise NotImplementedError
 
+    # -- checkpointing ---------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """What a resumed run needs, as ShardedArrays: a state for :func:`shardsim.checkpoint.save`.
 
@@ -194,7 +193,7 @@ class Checkpointed:
         extra = sorted("/".join(p) for p in set(have) - set(want) - counters)
         if missing or extra:
             raise ShardingError(
-                f"cannot restore {self.name} trainer state: missing {missing}, unexpected {extra}; "
+                f"cannot restore {self._name} trainer state: missing {missing}, unexpected {extra}; "
                 "pass what Trainer.state() returns (or checkpoint.load reads back)"
             )
         step = have[("step",)]
@@ -236,7 +235,7 @@ class Checkpointed:
                 blocks = np.array(given.compact())
             else:
                 blocks = np.array(shard(given.to_global(), mine.mesh, mine.layout).compact())
-            fresh[path] = ShardedArray(  # held where this trainer holds it (a pipeline stage's chips)
+            fresh[path] = ShardedArray(
                 mine.mesh,
                 mine.layout,
                 mine.global_shape,
@@ -566,10 +565,9 @@ class Trainer(Checkpointed):
         return {k: v[0] if self.depth is None else np.stack(v) for k, v in glob.items()}
 
     @property
-    def name(self) -> str:
+    def _name(self) -> str:
         return self.scheme.name
 
-    # -- checkpointing (Checkpointed.state and .restore read these) -------------------------
     def _state_slots(self) -> list[tuple[tuple[str, ...], dict[str, Any], str]]:
         """Where each value of :meth:`state` lives: its path, the dict holding it, and its key there."""
         slots: list[tuple[tuple[str, ...], dict[str, Any], str]] = []
