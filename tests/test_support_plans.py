@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from fuzz_budget import budget
 from shardsim import ConfigError, Mesh, PlanError, mlp, strategies
 from shardsim.models import MLP
 from shardsim.plan import Plan
@@ -153,3 +156,41 @@ def test_a_pipeline_refuses_a_residual() -> None:
     x = np.ones((4, 4), np.float32)
     with pytest.raises(strategies.runner.ShardingError, match="leave residual off for a pipeline"):
         strategies.run_strategy("pp", Mesh(Z=2), p, x, x, residual=True)
+
+
+@budget(30)
+@given(
+    name=st.sampled_from(sorted(MEANING)),
+    activation=st.sampled_from(["identity", "relu", "gelu"]),
+    width=st.sampled_from([4, 8]),
+    rows=st.sampled_from([8, 16]),
+    optimizer=st.sampled_from(["sgd", "adam"]),
+    seed=st.integers(0, 2**16),
+)
+def test_every_scheme_trains_two_steps_as_one_device_does(
+    name: str, activation: str, width: int, rows: int, optimizer: str, seed: int
+) -> None:
+    """Two optimizer steps of the Trainer against the same optimizer on whole arrays of the
+    scheme's own reference (``training.optim``'s update, float64)."""
+    from shardsim.training import optim
+
+    mesh = scheme_mesh(name)
+    layers = max(2, strategies.min_layers(name, mesh))
+    model = strategies.mlp_for(name, mesh, width, 2 * width, layers)
+    params = strategies.init_of(name, model, seed=seed % 97, dtype="float64")
+    rng = np.random.default_rng(seed)
+    x, target = rng.standard_normal((rows, width)), rng.standard_normal((rows, width))
+    trainer = Trainer(name, mesh, params, optimizer, activation=activation)
+    opt = optim.get(optimizer)
+    w = {k: v.copy() for k, v in params.items()}
+    state = {k: opt.init_state(v) for k, v in w.items()}
+    for step in (1, 2):
+        out, _ = strategies.reference_of(name, w, x, np.zeros_like(x), activation)
+        got = trainer.step(x, target).loss
+        assert got == pytest.approx(float(np.mean((out - target) ** 2)), rel=1e-10)
+        _, grads = strategies.reference_of(name, w, x, 2 * (out - target) / out.size, activation)
+        for k in w:
+            opt.update(w[k], grads[k], state[k], step)
+    new = trainer.params_global()
+    for k in w:
+        assert np.allclose(new[k], w[k], rtol=1e-9, atol=1e-12), k
