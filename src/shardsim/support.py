@@ -128,6 +128,14 @@ def same_program(a: Trace, b: Trace) -> bool:
     return key(a) == key(b)
 
 
+def _estimated(e: Any) -> str:
+    """What an estimate gave, in words that do not move with the efficiency constants: a positive
+    step time, and per-chip memory by category from the training step's ledger."""
+    if not (e.step_s > 0 and e.memory.get("optimizer", 0) > 0 and e.memory.get("total", 0) > 0):
+        raise MismatchError(f"the estimate has no step time or no training-step memory: {e.memory}")
+    return "a step time, and per-chip memory with the optimizer state from the training step's ledger"
+
+
 def _cli(argv: Sequence[str]) -> str:
     """Run the command line quietly; its error line (or last line) if it does not exit 0."""
     from .cli import main
@@ -206,7 +214,7 @@ def scheme_row(name: str) -> list[Cell]:
         from .cost import estimate as est
 
         e = est(name, mesh, "h100", REAL["per_chip"] * mesh.size, REAL["d_model"], REAL["d_ff"], real_layers)
-        return f"{e.step_s * 1e3:.3g} ms, {e.bound}-bound"
+        return _estimated(e)
 
     def critical() -> str:
         from .cost import critical_batch
@@ -304,8 +312,7 @@ def plan_row(text: str) -> list[Cell]:
 
         big = get(REAL_MODEL).scaled(**experts) if experts else get(REAL_MODEL)
         e = est(big, plan, "h100", batch_tokens=2 * plan.dp * plan.ep * plan.microbatches * big.seq)
-        fits = "fits" if e.fits else "does not fit"
-        return f"{big.name}: {e.step_s * 1e3:.4g} ms, {e.bound}-bound, {e.memory['total'] / 1e9:.1f} GB/chip ({fits})"
+        return f"{big.name}: {_estimated(e)}"
 
     def critical() -> str:
         from .cost import critical_batch
