@@ -152,3 +152,13 @@ def test_a_transformer_trainer_with_experts_takes_the_reference_step(text: str) 
     assert t.step(tok, tgt).loss == pytest.approx(want_loss, rel=1e-12)
     for k, v in t.params_global().items():
         assert np.allclose(v, params[k] - 0.1 * want[k], rtol=1e-12, atol=1e-14), k
+
+
+@pytest.mark.parametrize("text", ["cp=2", "cp=2,pp=2,microbatches=2", "dp=2,tp=2,ep=2"])
+def test_the_demo_walks_context_parallel_and_expert_plans(text: str) -> None:
+    from shardsim.transformer.demo import walk
+
+    got = walk("moe-tiny" if "ep" in text else "llama-tiny", text)
+    assert got.rstrip().endswith("PASS")
+    op = "all_to_all" if "ep" in text else "ppermute"  # ring attention's K/V hops, or the experts' AllToAll
+    assert op in got
