@@ -140,5 +140,4 @@ def test_context_axis_cannot_share_an_axis_with_another_parallelism() -> None:
         Plan.parse("cp=2,cp_method=ulysses")
     from shardsim.transformer.demo import walk
 
-    with pytest.raises(PlanError, match="walk a plan without cp"):
-        walk("gpt-tiny", "cp=2")
+    assert walk("gpt-tiny", "cp=2").rstrip().endswith("PASS")  # the walk puts the sequence in its cp order
