@@ -15,28 +15,38 @@ from shardsim import DivisibilityError, Mesh, ShapeDtype, formulas
 from shardsim.errors import ConfigError, ModelInputError, PlanError, ShardingError
 from shardsim.models import get
 from shardsim.plan import Plan
-from shardsim.training import Trainer, model_memory
+from shardsim.training import Trainer, footprint, model_memory
 
 TINY = get("llama-tiny").scaled(seq=32)  # D=32, 4 heads (2 kv), F=96, V=64
 
 
 @pytest.mark.parametrize(
-    "plan",
+    ("plan", "per_chunk"),
     [
-        "dp=2,zero=0",
-        "dp=2,zero=3,tp=2,sp",
-        "dp=2,zero=1,tp=2,recompute=full",
-        "dp=2,zero=2,cp=2",
-        "dp=2,zero=1,pp=2,microbatches=4",
-        "pp=2,microbatches=4,schedule=gpipe,recompute=selective",
-        "pp=2,microbatches=4,schedule=interleaved,virtual_stages=2",
+        ("dp=2,zero=0", 6),  # 6 layers per chunk: carried on from 2, 3 and 4
+        ("dp=2,zero=3,tp=2,sp", 6),
+        ("dp=2,zero=1,tp=2,recompute=full", 6),
+        ("dp=2,zero=2,cp=2", 6),
+        ("dp=2,zero=1,pp=2,microbatches=4", 6),
+        ("pp=2,microbatches=4,schedule=gpipe,recompute=selective", 6),
+        ("pp=2,microbatches=4,schedule=interleaved,virtual_stages=2", 6),
+        ("dp=2,zero=1,pp=2,microbatches=12", 5),  # and 12 microbatches carried on from 6, 8 and 10
+        ("pp=2,microbatches=12,schedule=gpipe", 3),  # the microbatches only
+        ("pp=2,microbatches=12,schedule=interleaved,virtual_stages=2,recompute=full", 2),
     ],
 )
-def test_a_deep_model_carried_on_from_a_few_layers_equals_its_full_trace(plan: str) -> None:
+def test_a_deep_model_carried_on_from_a_few_layers_equals_its_full_trace(
+    plan: str, per_chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     p = Plan.parse(plan)
-    cfg = TINY.scaled(layers=7 * p.pp * p.virtual_stages)  # 7 layers per chunk: carried from 2, 3, 4
+    cfg = TINY.scaled(layers=per_chunk * p.pp * p.virtual_stages)
     batch = 2 * p.dp * p.microbatches
-    assert model_memory(cfg, p, batch=batch) == model_memory(cfg, p, batch=batch, full=True)
+    lines = []
+    carried = footprint._carried
+    monkeypatch.setattr(footprint, "_carried", lambda *a: lines.append(carried(*a)) or lines[-1])
+    got = model_memory(cfg, p, batch=batch)
+    assert lines and None not in lines  # every figure was carried on, none traced in full
+    assert got == model_memory(cfg, p, batch=batch, full=True)
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])

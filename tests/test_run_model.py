@@ -210,7 +210,7 @@ def test_shape_only_run_traces_the_same_program() -> None:
         (BASE.scaled(heads=4, vocab=10), "tp=4", DivisibilityError, "vocab=10 .* pads the vocabulary"),
         (BASE.scaled(seq=3, heads=4, vocab=12), "tp=4,sp", DivisibilityError, "sequence length 3"),
         (BASE.scaled(d_model=6, heads=2), "fsdp=4", DivisibilityError, "d_model=6"),
-        (BASE, "dp=2,ep=2", PlanError, "ep=2 is not part of it"),
+        (BASE, "dp=2,ep=2", PlanError, "ep=2 splits a mixture of experts, and this model has none"),
         (BASE.scaled(layers=3), "pp=2", DivisibilityError, "layers=3 do not divide over pp=2"),
         (BASE.scaled(layers=2), "pp=2,microbatches=3", DivisibilityError, "microbatches=3"),
         (BASE.scaled(layers=2, tie_embeddings=True), "pp=2", PlanError, "tie_embeddings with pp > 1"),

@@ -117,7 +117,7 @@ def test_ring_passes_the_kv_blocks_round_the_context_axis() -> None:
         (BASE.scaled(seq=8), "cp=2,tp=4,sp", None, DivisibilityError, "heads=2 does not divide by tp=4"),
         (BASE.scaled(heads=6, d_model=12, kv_heads=3, d_ff=8), "cp=2,tp=2", None, DivisibilityError, "kv_heads=3"),
         (BASE.scaled(dropout=0.1), "cp=2", 3, PlanError, "attention dropout"),
-        (BASE.scaled(layers=2), "cp=2,pp=2", None, PlanError, "set pp=1 or cp=1"),
+        (BASE.scaled(layers=2), "cp=2,pp=2", None, None, ""),  # pipelined context parallelism runs
     ],
 )
 def test_bad_context_parallel_input_names_the_culprit(
@@ -140,5 +140,4 @@ def test_context_axis_cannot_share_an_axis_with_another_parallelism() -> None:
         Plan.parse("cp=2,cp_method=ulysses")
     from shardsim.transformer.demo import walk
 
-    with pytest.raises(PlanError, match="walk a plan without cp"):
-        walk("gpt-tiny", "cp=2")
+    assert walk("gpt-tiny", "cp=2").rstrip().endswith("PASS")  # the walk puts the sequence in its cp order

@@ -713,7 +713,8 @@ def _demo_model(model: str, plans: list[str]) -> int:
     if cfg.param_count() > MODEL_WALK_PARAMS:
         raise CommandLineError(
             f"--model {model} has {cfg.param_count():,} parameters; the exact walk-through runs small presets "
-            f"(at most {MODEL_WALK_PARAMS:,}: gpt-tiny, llama-tiny); size {model} shape-only with 'shardsim estimate'"
+            f"(at most {MODEL_WALK_PARAMS:,}: gpt-tiny, llama-tiny, moe-tiny); size {model} shape-only with "
+            "'shardsim estimate'"
         )
     texts = [walk(cfg, plan) for plan in plans]
     print("\n\n".join(texts))

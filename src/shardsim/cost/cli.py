@@ -39,6 +39,7 @@ from .._options import key_values
 from ..errors import CommandLineError
 from ..mesh import Mesh
 from ..plan import Plan
+from ..strategies.base import ROLE_DEFAULTS
 from .critical import Critical, critical_batch, scheme_mesh
 from .estimator import Estimate, estimate, sweep
 from .hardware import Hardware
@@ -50,7 +51,7 @@ COST_SCHEMES = ("ddp", "fsdp", "tp", "fsdp_tp")
 def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``shardsim estimate``."""
     _common(parser)
-    parser.add_argument("--scheme", help="ddp, fsdp, tp or fsdp_tp (default fsdp)")
+    parser.add_argument("--scheme", help="a registered scheme, see 'shardsim schemes' (default fsdp)")
     _mesh_options(parser, "mesh axes, e.g. X=16 or X=64,Y=4 (default: --chips laid out for the scheme)")
     parser.add_argument(
         "--chips",
@@ -109,6 +110,9 @@ def cli_estimate(args: argparse.Namespace) -> int:
         mesh = Mesh(args.mesh)
     elif scheme == "fsdp_tp":
         raise CommandLineError("fsdp_tp needs --mesh X=...,Y=... (or 'shardsim sweep', which tries every split)")
+    elif len(_roles(scheme)) > 1:
+        example = ",".join(f"{ROLE_DEFAULTS[r]}=2" for r in _roles(scheme))
+        raise CommandLineError(f"{scheme} needs --mesh with an axis for each of its roles, e.g. --mesh {example}")
     else:
         mesh = scheme_mesh(scheme, args.chips)
     batch = args.batch if args.batch is not None else args.per_chip_batch * mesh.size
@@ -331,7 +335,7 @@ def cli_sweep(args: argparse.Namespace) -> int:
 def add_critical_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``shardsim critical``."""
     _common(parser)
-    parser.add_argument("--scheme", default="fsdp", help="ddp, fsdp, tp or fsdp_tp (default fsdp)")
+    parser.add_argument("--scheme", default="fsdp", help="a registered scheme, see 'shardsim schemes' (default fsdp)")
     _mesh_options(parser, "a fixed mesh, e.g. X=16 (default: --chips laid out for the scheme)")
     parser.add_argument(
         "--chips", type=count("cost_chips"), help="chips (default: a ring of 16 TPUs or a node of 8 GPUs)"
@@ -443,6 +447,12 @@ def _scheme(name: str) -> str:
     from .. import strategies
 
     return strategies.get(name).name
+
+
+def _roles(name: str) -> tuple[str, ...]:
+    from .. import strategies
+
+    return strategies.get(name).roles
 
 
 def _hardware(args: argparse.Namespace) -> Hardware:

@@ -24,8 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ShardsimError
+from .. import strategies
+from ..errors import CostModelError, ShardsimError
 from ..mesh import Mesh
+from ..strategies.base import ROLE_DEFAULTS
 from .collectives import collective_time
 from .efficiency import Efficiency, resolve_efficiency
 from .estimator import Estimate, estimate, excess_terms
@@ -99,6 +101,14 @@ def critical_batch(
     >>> c.mesh, c.placement, round(c.per_chip_batch)
     (Mesh(X=1024, Y=4), 'X=1024: ici 4:4x16x16 / Y=4: ici 4', 300)
     """
+    from .estimator import _is_model
+
+    if _is_model(scheme):  # the book's test is on one MLP layer's phases; a model's batch is whole sequences
+        raise CostModelError(
+            "critical_batch finds the per-chip batch of an MLP scheme (e.g. critical_batch('fsdp', 'h100')); for a "
+            "model under a plan, read estimate(model, plan, hardware, batch_tokens=...).bound at the batches you "
+            "would train with"
+        )
     hw = get_hardware(hardware)
     f = 4 * d_model if d_ff is None else d_ff
     where = (links, topology, efficiency)
@@ -200,8 +210,13 @@ def scheme_mesh(scheme: str, chips: int) -> Mesh:
     """
     if scheme == "fsdp_tp":
         raise ShardsimError("fsdp_tp needs an X x Y split; pass mesh=Mesh(X=..., Y=...) or use best_split")
-    axis = ROLE_AXES.get(scheme, ("X",))[0]
-    return Mesh({axis: chips})
+    roles = strategies.get(scheme).roles
+    if len(roles) > 1:
+        example = ", ".join(f"{ROLE_DEFAULTS[r]}=..." for r in roles)
+        raise ShardsimError(
+            f"{scheme} needs a mesh axis for each of its roles {list(roles)}; pass mesh=Mesh({example})"
+        )
+    return Mesh({ROLE_DEFAULTS[roles[0]]: chips})
 
 
 def best_split(
@@ -267,9 +282,21 @@ def _critical_on(
     placement = place(hw, mesh, links, topology=topology)
     eff = resolve_efficiency(hw, efficiency, placement.networks())
 
+    layers = strategies.min_layers(scheme, mesh)  # a pipeline needs a layer per stage
+
     def excess(b: int) -> dict[tuple[str, str], float]:
         est = estimate(
-            scheme, mesh, hw, b * mesh.size, d_model, d_ff, dtype=dtype, links=links, topology=topology, efficiency=eff
+            scheme,
+            mesh,
+            hw,
+            b * mesh.size,
+            d_model,
+            d_ff,
+            layers,
+            dtype=dtype,
+            links=links,
+            topology=topology,
+            efficiency=eff,
         )
         return excess_terms(est.phases)
 

@@ -82,18 +82,14 @@ def scheme_program(
     axes: Mapping[str, str] | None = None,
 ) -> Program:
     """Run ``scheme`` shape-only at these sizes on a fresh copy of ``mesh``; see the module doc."""
-    from ..strategies import run_strategy
+    from ..strategies import mlp_for, run_strategy, weights_of
 
     if layers < 1:
         raise ShardsimError(f"layers must be at least 1, got {layers}")
     fresh = Mesh(dict(zip(mesh.axis_names, mesh.shape)))
     for chip in np.argwhere(mesh.slowdown != 1.0):  # the cost model reads the slow chips off the mesh
         fresh.slow(float(mesh.slowdown[tuple(chip)]), **dict(zip(mesh.axis_names, map(int, chip))))
-    stack = () if layers == 1 else (layers,)
-    params = {
-        "w_in": ShapeDtype((*stack, d_model, d_ff), dtype),
-        "w_out": ShapeDtype((*stack, d_ff, d_model), dtype),
-    }
+    params = weights_of(scheme, mlp_for(scheme, mesh, d_model, d_ff, layers, axes), dtype)
     x = ShapeDtype((batch, d_model), dtype)
     result = run_strategy(
         scheme, fresh, params, x, ShapeDtype((batch, d_model), dtype), activation=activation, axes=axes
@@ -131,13 +127,10 @@ def training_memory(
     >>> peak["params"] > state["params"]  # the gathered weights come and go
     True
     """
+    from ..strategies import mlp_for, weights_of
     from ..training import Trainer
 
-    stack = () if layers == 1 else (layers,)
-    params = {
-        "w_in": ShapeDtype((*stack, d_model, d_ff), dtype),
-        "w_out": ShapeDtype((*stack, d_ff, d_model), dtype),
-    }
+    params = weights_of(scheme, mlp_for(scheme, mesh, d_model, d_ff, layers, axes), dtype)
     x = ShapeDtype((batch, d_model), dtype)
     fresh = Mesh(dict(zip(mesh.axis_names, mesh.shape)))
     policy = resolve_dtype(dtype).name if precision is None else precision

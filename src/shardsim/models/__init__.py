@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from . import reference
 from .config import TransformerConfig
+from .mlp import MLP
 from .presets import get, names
 
-__all__ = ["TransformerConfig", "get", "names", "reference"]
+__all__ = ["MLP", "TransformerConfig", "get", "names", "reference"]

@@ -51,6 +51,9 @@ class TransformerConfig:
     ``bias`` puts a bias on every linear layer (GPT-2/3); ``tie_embeddings`` reads the logits
     off ``embed.T`` instead of a separate ``lm_head``. ``dropout`` is the probability of each
     of the three dropout sites (attention probabilities, attention output, MLP output).
+    ``experts > 0`` makes every block's MLP a mixture of ``experts`` GELU experts, each token
+    routed to its ``top_k`` by a learned router (GShard, Lepikhin et al. 2020; no token is
+    dropped): weights ``moe.router [D, E]``, ``moe.w_in [E, D, F]``, ``moe.w_out [E, F, D]``.
 
     >>> TransformerConfig(layers=1, d_model=8, heads=3, d_ff=16, vocab=10, seq=4)
     Traceback (most recent call last):
@@ -75,6 +78,8 @@ class TransformerConfig:
     dropout: float = 0.0
     norm_eps: float = 1e-5
     name: str = ""
+    experts: int = 0
+    top_k: int = 2
 
     def __post_init__(self) -> None:
         for field in ("layers", "d_model", "heads", "d_ff", "vocab", "seq"):
@@ -112,6 +117,22 @@ class TransformerConfig:
             )
         if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
             raise ConfigError(f"TransformerConfig.norm_eps must be a positive number, got {self.norm_eps!r}")
+        if isinstance(self.experts, bool) or not isinstance(self.experts, int) or self.experts < 0:
+            raise ConfigError(
+                f"TransformerConfig.experts is the number of experts (0: a dense MLP), got {self.experts!r}"
+            )
+        if self.experts:
+            _positive_int("top_k", self.top_k)
+            if self.top_k > self.experts:
+                raise ConfigError(
+                    f"TransformerConfig.top_k={self.top_k} routes each token to more experts than the "
+                    f"{self.experts} there are; choose top_k <= experts"
+                )
+            if self.mlp != "gelu":
+                raise ConfigError(
+                    f"TransformerConfig.experts={self.experts} with mlp={self.mlp!r}: the experts are GELU MLPs "
+                    "(W_in, W_out); use mlp='gelu'"
+                )
         for field in ("bias", "tie_embeddings"):
             if not isinstance(getattr(self, field), bool):
                 raise ConfigError(f"TransformerConfig.{field} must be True or False, got {getattr(self, field)!r}")
@@ -163,7 +184,10 @@ class TransformerConfig:
                 shapes.update({f"{p}.attn.bq": (nh,), f"{p}.attn.bk": (kh,), f"{p}.attn.bv": (kh,)})
                 shapes[f"{p}.attn.bo"] = (d,)
             shapes.update(self._norm_shapes(f"{p}.mlp_norm"))
-            if self.mlp == "gelu":
+            if self.experts:  # a mixture of experts in the MLP's place (no biases: GShard's)
+                e = self.experts
+                shapes.update({f"{p}.moe.router": (d, e), f"{p}.moe.w_in": (e, d, f), f"{p}.moe.w_out": (e, f, d)})
+            elif self.mlp == "gelu":
                 shapes.update({f"{p}.mlp.w_in": (d, f), f"{p}.mlp.w_out": (f, d)})
                 if self.bias:
                     shapes.update({f"{p}.mlp.b_in": (f,), f"{p}.mlp.b_out": (d,)})

@@ -103,6 +103,20 @@ _PRESETS: dict[str, TransformerConfig] = {
         layers=2, d_model=32, heads=4, d_ff=128, vocab=64, seq=16, bias=True, tie_embeddings=True, name="gpt-tiny"
     ),
     "llama-tiny": _llama("llama-tiny", 2, 32, 4, 2, 96, 64, 16, 10000.0),
+    "moe-tiny": TransformerConfig(  # llama-tiny's attention, 4 GELU experts per block (GShard's top-2)
+        layers=2,
+        d_model=32,
+        heads=4,
+        kv_heads=2,
+        d_ff=64,
+        vocab=64,
+        seq=16,
+        norm="rmsnorm",
+        position="rope",
+        experts=4,
+        top_k=2,
+        name="moe-tiny",
+    ),
 }
 
 

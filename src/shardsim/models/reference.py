@@ -131,8 +131,8 @@ def init(cfg: TransformerConfig, seed: int = 0, dtype: Any = "float32", *, max_b
             value = 0.1 * rng.standard_normal(shape)
         elif name in ("embed", "pos_embed"):
             value = 0.5 * rng.standard_normal(shape)
-        else:
-            value = rng.standard_normal(shape) / np.sqrt(shape[0])
+        else:  # fan-in: the first dimension of a matrix, the middle one of a stack of experts [E, in, out]
+            value = rng.standard_normal(shape) / np.sqrt(shape[-2] if len(shape) == 3 else shape[0])
         params[name] = value.astype(dt)
     return params
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import moe
 from ..errors import ConfigError, ShapeError
 from .config import TransformerConfig
 from .inputs import check_params
@@ -74,6 +75,11 @@ def _linear_backward(params: Params, w: str, b: str, x: np.ndarray, dy: np.ndarr
     return dy @ params[w].T
 
 
+def _experts(params: Params, prefix: str) -> Params:
+    """Block ``prefix``'s router and experts under :mod:`shardsim.moe`'s names."""
+    return {k: params[f"{prefix}.moe.{k}"] for k in ("router", "w_in", "w_out")}
+
+
 def _masks(cfg: TransformerConfig, layer: int, seed: int | None, b: int, s: int) -> dict[str, np.ndarray | None]:
     if seed is None or cfg.dropout == 0.0:
         return dict.fromkeys(SITES)
@@ -98,7 +104,9 @@ def _block_forward(
     c["o"] = o = o.reshape(b, s, cfg.heads * cfg.hd)
     c["x_mid"] = x = x + dropout(_linear(params, f"{p}.attn.wo", f"{p}.attn.bo", o), masks["attn_out"], cfg.dropout)
     c["h2"] = h2 = _norm(cfg, params, f"{p}.mlp_norm", x)
-    if cfg.mlp == "gelu":
+    if cfg.experts:  # the mixture of experts on every token of the batch, token by token
+        m = moe.forward(_experts(params, p), h2.reshape(-1, cfg.d_model), "gelu", top_k=cfg.top_k).reshape(h2.shape)
+    elif cfg.mlp == "gelu":
         c["u"] = u = _linear(params, f"{p}.mlp.w_in", f"{p}.mlp.b_in", h2)
         c["act"] = act = gelu(u)
         m = _linear(params, f"{p}.mlp.w_out", f"{p}.mlp.b_out", act)
@@ -144,7 +152,12 @@ def _block_backward(
     """Block ``i``'s weight gradients into ``grads``; return the cotangent of its input."""
     p, masks, (b, s) = f"layers.{i}", c["masks"], c["x"].shape[:2]
     dm = dropout(dx, masks["mlp_out"], cfg.dropout)
-    if cfg.mlp == "gelu":
+    if cfg.experts:
+        flat = c["h2"].reshape(-1, cfg.d_model)
+        g = moe.backward(_experts(params, p), flat, dm.reshape(flat.shape), "gelu", top_k=cfg.top_k)
+        grads.update({f"{p}.moe.{k}": g[k] for k in ("router", "w_in", "w_out")})
+        dh2 = g["x"].reshape(c["h2"].shape)
+    elif cfg.mlp == "gelu":
         dact = _linear_backward(params, f"{p}.mlp.w_out", f"{p}.mlp.b_out", c["act"], dm, grads)
         dh2 = _linear_backward(params, f"{p}.mlp.w_in", f"{p}.mlp.b_in", c["h2"], gelu_backward(c["u"], dact), grads)
     else:

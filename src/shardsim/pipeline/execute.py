@@ -39,6 +39,7 @@ from ..tracing import phase, trace
 from .schedule import Item, Schedule
 
 Block = Callable[..., Any]
+Loss = Callable[[int, ShardedArray], ShardedArray]  # (microbatch j, its output) → its dOut, on the last stage
 STASH = "stash"  # ledger category of what a stage keeps for its backward pass
 
 
@@ -59,7 +60,9 @@ class PipelineStep:
     ``block_backward(ctx, saved, g, w)`` are one layer's steps (a scheme's forward and backward,
     whose weight gradients may be partial over the data axis). :meth:`run` executes items until
     the step needs ``dout`` (the first backward) or ends; ``out``, ``dx`` and ``grads`` are ready
-    once :attr:`done`.
+    once :attr:`done`. Given a loss instead of ``dout`` (a training step), the last stage turns
+    each microbatch's output into its ``dOut`` as soon as it is out, as Megatron's last stage
+    does; the outputs are then consumed one by one and ``out`` stays None.
     """
 
     def __init__(
@@ -92,6 +95,8 @@ class PipelineStep:
         self.mesh = x.mesh
         self.microbatches = split(x, self._batch_dim(x), m, label="In")
         self.douts: list[ShardedArray] = []
+        self.loss: Loss | None = None
+        self.finished = 0  # microbatches out of the last stage
         self.todo = sorted(schedule.items)
         self.sent: dict[tuple[str, int, int], ShardedArray] = {}  # (kind, virtual stage, mb) → message
         self.stash: dict[tuple[int, int], list[dict[str, ShardedArray]]] = {}
@@ -111,18 +116,27 @@ class PipelineStep:
 
     @property
     def done(self) -> bool:
-        return not self.todo and self.out is not None and self.dx is not None
+        return not self.todo and (self.out is not None or self.loss is not None) and self.dx is not None
 
     # -- running ----------------------------------------------------------------------------
-    def run(self, dout: ShardedArray | None = None) -> bool:
-        """Run items in time order; without ``dout``, stop before the first backward. True if done."""
+    def run(self, dout: ShardedArray | Loss | None = None) -> bool:
+        """Run items in time order; without ``dout``, stop before the first backward. True if done.
+
+        ``dout`` is the whole batch's ``dOut``, or a loss ``(j, out_j) -> dOut_j`` the last
+        stage calls on each microbatch's output.
+        """
         if self.done:
             return True
-        if dout is not None and not self.douts:
+        if callable(dout) and self.loss is None:
+            self.loss = dout
+            if self.out is not None:  # every microbatch is out already (GPipe): its pieces, as views
+                self.outs = dict(enumerate(split(self.out, self._batch_dim(self.out), self.schedule.microbatches)))
+                self.out = None
+        elif isinstance(dout, ShardedArray) and not self.douts:
             self.douts = split(dout, self._batch_dim(dout), self.schedule.microbatches, label="dOut")
         while self.todo:
             it = self.todo[0]
-            if it.kind == "B" and not self.douts:
+            if it.kind == "B" and not self.douts and self.loss is None:
                 return False
             self.todo.pop(0)
             with trace() as t:
@@ -153,7 +167,8 @@ class PipelineStep:
                 self.sent[("F", k + 1, j)] = ppermute(a.named(f"Act{j}"), self.pipe, 1)
             else:
                 self.outs[j] = a
-                if len(self.outs) == self.schedule.microbatches:  # the last microbatch is out
+                self.finished += 1
+                if self.finished == self.schedule.microbatches and self.loss is None:  # the last one is out
                     self.out = concat([self.outs.pop(i) for i in range(len(self.outs))], 0, label="Out")
 
     def _backward(self, it: Item) -> None:
@@ -161,7 +176,13 @@ class PipelineStep:
         last = self.schedule.stages * self.schedule.chunks - 1
         with phase("backward"):
             # 1. the last stage gets dOut of the microbatch, the others what the next stage sent
-            g = place(self.douts[j], label="dOut", **{self.pipe: it.stage}) if k == last else self.sent.pop(("B", k, j))
+            if k < last:
+                g = self.sent.pop(("B", k, j))
+            elif self.loss is not None:
+                with phase("loss"):
+                    g = self.loss(j, self.outs.pop(j))
+            else:
+                g = place(self.douts[j], label="dOut", **{self.pipe: it.stage})
             kept = self.stash.pop((k, j))
             for i in reversed(range(self.per_stage)):  # 2. the layers, last first
                 g, grads = self.block_backward(self.ctx, kept.pop(), g, self._weights(k, i))

@@ -77,4 +77,33 @@ def run_strategy(
     return run(get(name), mesh, params, x, dout, activation=activation, axes=axes, residual=residual, **options)
 
 
-__all__ = ["Ctx", "Scheme", "StrategyResult", "get", "names", "register", "run_strategy"]
+from .plans import (  # noqa: E402  (reads the registry)
+    axes_of,
+    init_of,
+    min_layers,
+    mlp_for,
+    options_of,
+    plan_of,
+    reference_of,
+    scheme_of,
+    weights_of,
+)
+
+__all__ = [
+    "Ctx",
+    "Scheme",
+    "StrategyResult",
+    "axes_of",
+    "get",
+    "init_of",
+    "min_layers",
+    "mlp_for",
+    "names",
+    "options_of",
+    "plan_of",
+    "reference_of",
+    "register",
+    "run_strategy",
+    "scheme_of",
+    "weights_of",
+]

@@ -75,8 +75,21 @@ def dp_layouts(ctx: Ctx) -> dict[str, str]:
 
 
 def token_axes(ctx: Ctx) -> tuple[str, ...]:
-    """The mesh axes the tokens are split over: (data,) expert."""
-    return tuple(a for a in (ctx.axes.get("data"), ctx.axis("expert")) if a is not None)
+    """The mesh axes the tokens are split over: (data,) expert (none, on one chip's worth of experts)."""
+    return tuple(a for a in (ctx.axes.get("data"), ctx.axes.get("expert")) if a is not None)
+
+
+def _shards(x: ShardedArray, ctx: Ctx) -> int:
+    """The chips the tokens are split over (1 when no axis splits them)."""
+    axes = token_axes(ctx)
+    return x.mesh.axis_size(axes) if axes else 1
+
+
+def _split(name: str, axes: tuple[str, ...]) -> str:
+    """``T``, ``T_Y`` or ``T_{data,expert}``: a dimension split over ``axes``."""
+    if not axes:
+        return name
+    return f"{name}_{axes[0]}" if len(axes) == 1 else f"{name}_{{{','.join(axes)}}}"
 
 
 # -- the plan: top_k, groups and capacity -------------------------------------------------------
@@ -86,7 +99,7 @@ def plan(ctx: Ctx, x: ShardedArray, experts: int) -> dict[str, int]:
     k = _whole(o, "top_k", 2, 1)
     if not 1 <= k <= experts:
         raise ShardingError(f"top_k={k} must be between 1 and the number of experts {experts}")
-    shards = x.mesh.axis_size(token_axes(ctx))
+    shards = _shards(x, ctx)
     groups = o.get("groups")
     if groups is None and shards > 1 and ("capacity" in o or "capacity_factor" in o):
         raise ShardingError(
@@ -164,13 +177,13 @@ def _scatter(rows: np.ndarray, experts: np.ndarray, slot: np.ndarray, e_all: int
 
 # -- forward and backward -----------------------------------------------------------------------
 def forward(ctx: Ctx, x: ShardedArray, params: Params) -> tuple[ShardedArray, Saved]:
-    Y = ctx.axis("expert")
+    Y = ctx.axes.get("expert")  # None: every chip holds every expert (a mixture of experts without EP)
     t_all, d = x.global_shape
     e_all = params["router"].global_shape[1]
     pl = plan(ctx, x, e_all)
     k, cap, groups = pl["top_k"], pl["capacity"], pl["groups"]
-    tok = "T_" + "".join(token_axes(ctx))  # "T_Y" or "T_XY"
-    s_all = x.mesh.axis_size(token_axes(ctx)) * groups * cap  # slots per expert over all chips
+    tok = _split("T", token_axes(ctx))  # "T_Y" or "T_{X,Y}"
+    s_all = _shards(x, ctx) * groups * cap  # slots per expert over all chips
     logits = (x @ params["router"]).named("logits")  # 1. [T_Y, E]
     probs = blockwise(moe.softmax, [logits], (f"[{tok}, E]", (t_all, e_all), x.dtype), label="probs")
     experts, slot, gate = blockwise(  # 2. top_k and capacity, in token order per group
@@ -186,14 +199,16 @@ def forward(ctx: Ctx, x: ShardedArray, params: Params) -> tuple[ShardedArray, Sa
     buf = blockwise(  # 3. dispatch into expert slots: Buf[E, S_Y, D]
         lambda xb, e, s: _scatter(np.broadcast_to(xb[..., None, :], xb.shape[:-1] + (k, d)), e, s, e_all, groups * cap),
         [x, experts, slot],
-        (f"[E, S{tok[1:]}, D]", (e_all, s_all, d), x.dtype),
+        (f"[E, {_split('S', token_axes(ctx))}, D]", (e_all, s_all, d), x.dtype),
         label="Buf",
     )
-    buf = all_to_all(buf, Y, "S", "E", label="Buf")  # 4. AllToAll Y → Buf[E_Y, S, D]
+    if Y is not None:
+        buf = all_to_all(buf, Y, "S", "E", label="Buf")  # 4. AllToAll Y → Buf[E_Y, S, D]
     h_pre = (buf @ params["w_in"]).named("H_pre")  # 5. H[E_Y, S, F]
     h = ctx.act(h_pre)
     y = (h @ params["w_out"]).named("Y")  # Y[E_Y, S, D]
-    y = all_to_all(y, Y, "E", "S", label="Y")  # 6. AllToAll Y → Y[E, S_Y, D]
+    if Y is not None:
+        y = all_to_all(y, Y, "E", "S", label="Y")  # 6. AllToAll Y → Y[E, S_Y, D]
     out = blockwise(  # 7. combine, weighted by the router's probabilities
         lambda yb, e, s, g: (_gather(yb, e, s) * (g * (s >= 0))[..., None]).sum(axis=-2),
         [y, experts, slot, gate],
@@ -205,7 +220,7 @@ def forward(ctx: Ctx, x: ShardedArray, params: Params) -> tuple[ShardedArray, Sa
 
 
 def backward(ctx: Ctx, saved: Saved, dout: ShardedArray, params: Params) -> tuple[ShardedArray, Grads]:
-    Y = ctx.axis("expert")
+    Y = ctx.axes.get("expert")
     x, probs, experts, slot, gate = (saved[k] for k in ("In", "probs", "experts", "slot", "gate"))
     buf, h_pre, h, y = saved["Buf"], saved["H_pre"], saved["H"], saved["Y"]
     e_all, s_local = y.global_shape[0], y.local_shape[1]
@@ -215,11 +230,14 @@ def backward(ctx: Ctx, saved: Saved, dout: ShardedArray, params: Params) -> tupl
         [(str(y.layout), y.global_shape, dout.dtype), (str(probs.layout), probs.global_shape, dout.dtype)],
         label="dY",
     )
-    dy = all_to_all(dy, Y, "S", "E", label="dY")  # 2. AllToAll Y → dY[E_Y, S, D]
+    if Y is not None:
+        dy = all_to_all(dy, Y, "S", "E", label="dY")  # 2. AllToAll Y → dY[E_Y, S, D]
     dw_out = (h.T @ dy).named("dW_out")  # 3. dW_out[E_Y, F, D]: each expert's own slots
     dh = ctx.act_backward(dy @ params["w_out"].T, h_pre)  # dH[E_Y, S, F]
     dw_in = (buf.T @ dh).named("dW_in")  # dW_in[E_Y, D, F]
-    dbuf = all_to_all((dh @ params["w_in"].T).named("dBuf"), Y, "E", "S")  # 4. AllToAll Y → dBuf[E, S_Y, D]
+    dbuf = (dh @ params["w_in"].T).named("dBuf")
+    if Y is not None:
+        dbuf = all_to_all(dbuf, Y, "E", "S")  # 4. AllToAll Y → dBuf[E, S_Y, D]
     dx_experts = blockwise(  # 5. dispatch backward: each token sums its kept slots
         lambda b, e, s: (_gather(b, e, s) * (s >= 0)[..., None]).sum(axis=-2),
         [dbuf, experts, slot],

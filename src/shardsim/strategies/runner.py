@@ -100,10 +100,11 @@ def run(
     each block adds its input), each layer's weights sharded with the scheme's layout.
     """
     chosen = resolve_axes(scheme, mesh, axes)
+    check_residual(scheme, residual)
     ctx = Ctx(axes=chosen, activation=activation, options=options).check()
     lay = scheme.layouts(ctx)
     names = weight_names(scheme, lay, params)
-    depth = stack_depth(params, {k: Layout.parse(lay[k], mesh.axis_names).rank for k in names})
+    depth = stack_depth(params, block_ranks(lay, mesh, names))
     per_layer = [params] if depth is None else [layer_of(params, i) for i in range(depth)]
     if scheme.check_shapes is not None:
         scheme.check_shapes(per_layer[0], x, dout)
@@ -156,6 +157,15 @@ def run(
     )
 
 
+def check_residual(scheme: Scheme, residual: bool) -> None:
+    """A pipeline runs its blocks inside its schedule: it has no block boundary to add a residual at."""
+    if residual and "pipe" in scheme.roles:
+        raise ShardingError(
+            f"residual=True adds each block's input to its output; {scheme.name} runs all its blocks inside "
+            "the pipeline schedule, whose blocks have no residual: leave residual off for a pipeline"
+        )
+
+
 def weight_names(scheme: Scheme, layouts: Mapping[str, str], params: Mapping[str, Any]) -> list[str]:
     """The scheme's weights (its layouts but ``x`` and ``out``), checked against the keys of ``params``."""
     names = [k for k in layouts if k not in ("x", "out")]
@@ -165,6 +175,15 @@ def weight_names(scheme: Scheme, layouts: Mapping[str, str], params: Mapping[str
 
 
 # -- deep stacks: the per-layer steps, layer after layer ---------------------------------------
+def block_ranks(layouts: Mapping[str, str], mesh: Mesh, names: Sequence[str]) -> dict[str, int]:
+    """The rank of one block's weight ``k``: its layout's (``[E_Y, D, F]`` has 3).
+
+    >>> block_ranks({"gamma": "[D]", "w_in": "[L_Z, D, F]"}, Mesh(Z=2), ["gamma", "w_in"])
+    {'gamma': 1, 'w_in': 3}
+    """
+    return {k: Layout.parse(layouts[k], mesh.axis_names).rank for k in names}
+
+
 def stack_depth(params: Mapping[str, Any], block_ranks: Mapping[str, int] | None = None) -> int | None:
     """``L`` if the params are stacked ``[L, ...]`` (one more dimension than a block's), else None.
 

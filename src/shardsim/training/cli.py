@@ -48,6 +48,7 @@ from .._format import fmt_bytes, table_text
 from ..array import ShapeDtype
 from ..dtypes import eps, tolerance
 from ..mesh import Mesh
+from ..strategies.base import ROLE_DEFAULTS
 from . import optim
 from .precision import Precision
 from .trainer import StepResult, Trainer
@@ -131,22 +132,32 @@ def train_command(args: argparse.Namespace) -> int:
     tol = loss_tolerance(precision, args.layers, args.batch, args.d_model, args.d_ff, args.steps)
     runs: dict[str, tuple[Mesh, list[StepResult]]] = {}
     verdicts: dict[str, str] = {}
+    wants: dict[str, np.ndarray] = {}
     for name in names:
         mesh = mesh_for(name, args.chips)
-        trainer = Trainer(name, mesh, params, opt, **options)
+        mine, wants[name] = params, want
+        model = strategies.mlp_for(name, mesh, args.d_model, args.d_ff, args.layers)
+        shapes = {k: v.shape for k, v in strategies.weights_of(name, model).items()}
+        if shapes != {k: v.shape for k, v in params.items()}:  # another block (LayerNorm, experts, chunks)
+            mine = strategies.init_of(name, model, seed=args.seed)
+            with np.errstate(over="ignore", invalid="ignore"):
+                wants[name] = reference_losses(
+                    mine, x, target, opt, args.steps, args.activation, args.residual, scheme=name
+                )
+        trainer = Trainer(name, mesh, mine, opt, **options)
         with np.errstate(over="ignore", invalid="ignore"):
             results = [trainer.step(x, target) for _ in progress(range(args.steps), args.steps, f"{name} steps")]
         runs[name] = (mesh, results)
-        verdicts[name] = verdict(np.array([r.loss for r in results]), want, tol)
+        verdicts[name] = verdict(np.array([r.loss for r in results]), wants[name], tol)
         if args.quiet and not (args.json or args.csv):
             print(f"{name} on {mesh}: {verdicts[name]}")
     advice = diverged_advice(want, lr, args)
     if args.json:
-        write_json(train_record(args, lr, precision, want, tol, runs, verdicts))
+        write_json(train_record(args, lr, precision, want, tol, runs, verdicts, wants))
     elif args.csv:
         write_csv(
             [
-                {"scheme": name, "mesh": _mesh_text(mesh), "step": i + 1, "loss": r.loss, "reference": want[i]}
+                {"scheme": name, "mesh": _mesh_text(mesh), "step": i + 1, "loss": r.loss, "reference": wants[name][i]}
                 for name, (mesh, results) in runs.items()
                 for i, r in enumerate(results)
             ]
@@ -159,7 +170,7 @@ def train_command(args: argparse.Namespace) -> int:
             f"{precision}, {args.activation}{', residual' if args.residual else ''}"
             f"{', recompute' if args.recompute else ''}.\n"
         )
-        print(loss_table(runs, want, tol, verdicts))
+        print(loss_table(runs, want, tol, verdicts, wants))
         print()
         print(memory_table(runs, n, precision, opt.name))
     if advice and not (args.json or args.csv):
@@ -223,9 +234,9 @@ def check_train_memory(names: Sequence[str], chips: int, layers: int, batch: int
     )
     host = 4 * 2 * weights + 8 * 4 * weights + 8 * 4 * batch * (d_model + d_ff) * layers
     check_host_memory(host, "this training run", alternative)
-    shapes = {"w_in": ShapeDtype((layers, d_model, d_ff)), "w_out": ShapeDtype((layers, d_ff, d_model))}
     for name in names:
         mesh = mesh_for(name, chips)
+        shapes = strategies.weights_of(name, strategies.mlp_for(name, mesh, d_model, d_ff, layers))
         r = strategies.run_strategy(name, mesh, shapes, ShapeDtype((batch, d_model)), ShapeDtype((batch, d_model)))
         check_host_memory(host + int(r.memory["total"].sum()) + 4 * 4 * weights * mesh.size, name, alternative)
 
@@ -255,17 +266,25 @@ def reference_losses(
     steps: int,
     activation: str,
     residual: bool,
+    scheme: str | None = None,
 ) -> np.ndarray:
-    """The losses of ``steps`` plain single-device steps in float64 (the same optimizer on whole arrays)."""
+    """The losses of ``steps`` plain single-device steps in float64 (the same optimizer on whole arrays):
+    of the MLP stack, or with ``scheme`` of that scheme's block (:func:`shardsim.strategies.reference_of`)."""
     w = {k: v.astype(np.float64) for k, v in params.items()}
     state = {k: opt.init_state(v) for k, v in w.items()}
     x64, t64 = x.astype(np.float64), target.astype(np.float64)
     losses = []
     for step in range(1, steps + 1):
-        out = mlp.stack_forward(w, x64, activation, residual)
+        if scheme is None:
+            out = mlp.stack_forward(w, x64, activation, residual)
+        else:
+            out = strategies.reference_of(scheme, w, x64, np.zeros_like(x64), activation, residual)[0]
         diff = out - t64
         losses.append(float(np.mean(diff**2)))
-        grads = mlp.stack_backward(w, x64, 2 * diff / diff.size, activation, residual)
+        if scheme is None:
+            grads = mlp.stack_backward(w, x64, 2 * diff / diff.size, activation, residual)
+        else:
+            grads = strategies.reference_of(scheme, w, x64, 2 * diff / diff.size, activation, residual)[1]
         for k in w:
             opt.update(w[k], grads[k], state[k], step)
     return np.array(losses)
@@ -284,32 +303,52 @@ def loss_tolerance(precision: Precision, layers: int, batch: int, d_model: int, 
 
 
 def mesh_for(name: str, chips: int) -> Mesh:
-    """The mesh a scheme trains on: ``X=chips`` (data), ``Y=chips`` (model), or ``X×Y`` for both.
+    """The mesh a scheme trains on: one axis per role (X data, Y model or expert, Z pipe), the chips
+    split over them as evenly as they go.
 
-    >>> mesh_for("fsdp_tp", 8), mesh_for("tp", 4)
-    (Mesh(X=2, Y=4), Mesh(Y=4))
+    >>> mesh_for("fsdp_tp", 8), mesh_for("tp", 4), mesh_for("pp", 2), mesh_for("dp_pp_tp", 8)
+    (Mesh(X=2, Y=4), Mesh(Y=4), Mesh(Z=2), Mesh(X=2, Y=2, Z=2))
     """
     roles = strategies.get(name).roles
-    if roles == ("data",):
-        return Mesh(X=chips)
-    if roles == ("model",):
-        return Mesh(Y=chips)
-    x = max(d for d in range(1, math.isqrt(chips) + 1) if chips % d == 0)
-    return Mesh(X=x, Y=chips // x)
+    axes = [ROLE_DEFAULTS[r] for r in roles]
+    if len(roles) == 1:
+        return Mesh({axes[0]: chips})
+    if len(roles) == 2:
+        x = max(d for d in range(1, math.isqrt(chips) + 1) if chips % d == 0)
+        return Mesh({axes[0]: x, axes[1]: chips // x})
+    sizes = [1] * len(roles)  # the prime factors dealt out, the largest to the smallest axis
+    n, p = chips, 2
+    factors = []
+    while n > 1:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    for f in sorted(factors, reverse=True):
+        sizes[sizes.index(min(sizes))] *= f
+    return Mesh(dict(zip(axes, sizes)))
 
 
 # -- tables ------------------------------------------------------------------------------------
 def loss_table(
-    runs: dict[str, tuple[Mesh, list[StepResult]]], want: np.ndarray, tol: float, verdicts: dict[str, str]
+    runs: dict[str, tuple[Mesh, list[StepResult]]],
+    want: np.ndarray,
+    tol: float,
+    verdicts: dict[str, str],
+    wants: dict[str, np.ndarray] | None = None,
 ) -> str:
-    """Loss per step under every scheme, with the single-device row and a verdict."""
+    """Loss per step under every scheme, with the single-device row and a verdict (a scheme of
+    another block, ``wants[name]``, gets its own single-device row)."""
     steps = len(want)
     rows = [("scheme", "mesh", *(f"step {i + 1}" for i in range(steps)), "vs 1 device")]
     rows.append(("1 device", "-", *(f"{v:.6g}" for v in want), f"tol {tol:.1e}"))
     for name, (mesh, results) in runs.items():
+        mine = want if wants is None else wants[name]
+        if mine is not want:
+            rows.append((f"{name}, 1 device", "-", *(f"{v:.6g}" for v in mine), ""))
         got = np.array([r.loss for r in results])
         rows.append(
-            (name, _mesh_text(mesh), *(f"{v:.6g}" for v in got), f"{relative_error(got, want):.1e} {verdicts[name]}")
+            (name, _mesh_text(mesh), *(f"{v:.6g}" for v in got), f"{relative_error(got, mine):.1e} {verdicts[name]}")
         )
     return "Loss per step (mean squared error before each update)\n" + table_text(rows, right=range(2, steps + 2))
 
@@ -326,6 +365,7 @@ def train_record(
     tol: float,
     runs: dict[str, tuple[Mesh, list[StepResult]]],
     verdicts: dict[str, str],
+    wants: dict[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """The run as plain data (``--json``; schema in ``docs/cli.md``)."""
     schemes = []
@@ -333,12 +373,14 @@ def train_record(
         r = results[-1]
         chip0 = (0,) * len(mesh.shape)
         got = np.array([s.loss for s in results])
+        mine = want if wants is None else wants[name]
         schemes.append(
             {
                 "scheme": name,
                 "mesh": dict(zip(mesh.axis_names, mesh.shape)),
                 "losses": got.tolist(),
-                "max_relative_error": relative_error(got, want),
+                "reference_losses": mine.tolist(),
+                "max_relative_error": relative_error(got, mine),
                 "verdict": verdicts[name],
                 "model_state_bytes": {c: int(r.model_state[c][chip0]) for c in CATEGORIES},
                 "peak_bytes": int(r.memory["total"][chip0]),

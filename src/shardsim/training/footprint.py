@@ -18,8 +18,11 @@ The layers are identical, so a deep model need not be traced layer by layer: wit
 per pipeline chunk (``layers / (pp * virtual_stages)``) above :data:`SAMPLES`' largest, the
 step is run on copies of the model with 2, 3 and 4 layers per chunk, and every figure, which
 each added layer changes by the same bytes, is carried on to ``k`` along the line through
-them. Every figure is still the ledger's; if the three runs are not on one line the whole
-model is traced (as ``full=True`` always does). The tests hold this to the full trace.
+them. A pipeline's microbatches are alike too: with more than ``5 pp`` of them (a multiple of
+``pp``), each of those runs is itself carried on from runs with ``3 pp``, ``4 pp`` and ``5 pp``
+microbatches of the plan's size. Every figure is still the ledger's; if three runs are not on
+one line the step is traced in full (as ``full=True`` always does). The tests hold this to the
+full trace.
 
 >>> from shardsim.models import get
 >>> from shardsim.plan import Plan
@@ -96,28 +99,44 @@ def model_memory(
             )
         precision, optimizer = chosen.precision, chosen.optimizer
     prec = Precision.of(precision or plan.precision or "bf16")
-    tokens = ShapeDtype((batch, cfg.seq if seq is None else seq), "int32")
+    length = cfg.seq if seq is None else seq
+    total = plan.microbatches
 
-    def measure(model: TransformerConfig) -> tuple[dict[str, int], dict[str, int]]:
+    def measure(model: TransformerConfig, m: int) -> _Figures:
+        """The ledger of one step of ``model`` with ``m`` microbatches of the plan's size."""
+        tokens = ShapeDtype((batch // total * m, length), "int32")
         shapes = {k: ShapeDtype(s, prec.compute) for k, s in model.param_shapes().items()}
-        trainer = ModelTrainer(
-            model, plan, Mesh(dict(zip(mesh.axis_names, mesh.shape))), shapes, optimizer, precision=prec
-        )
+        fresh = Mesh(dict(zip(mesh.axis_names, mesh.shape)))
+        trainer = ModelTrainer(model, plan.replace(microbatches=m), fresh, shapes, optimizer, precision=prec)
         result = trainer.step(tokens, tokens)
         return _per_chip(result.memory), _per_chip(result.model_state)
+
+    def microbatches(model: TransformerConfig) -> _Figures:
+        """All the plan's microbatches, carried on from 3, 4 and 5 per stage when there are more."""
+        ms = tuple(j * plan.pp for j in MICROBATCH_SAMPLES)
+        if full or plan.pp == 1 or total % plan.pp or total <= ms[-1] or batch % (plan.dp * total):
+            return measure(model, total)
+        return _carried(ms, [measure(model, m) for m in ms], total) or measure(model, total)
 
     chunk = plan.pp * plan.virtual_stages
     per_chunk = cfg.layers // chunk
     if full or cfg.layers % chunk or per_chunk <= SAMPLES[-1]:
-        return measure(cfg)
-    runs = [measure(cfg.scaled(layers=k * chunk)) for k in SAMPLES]
-    carried = tuple(_along_the_line(SAMPLES, [r[i] for r in runs], per_chunk) for i in (0, 1))
-    if carried[0] is None or carried[1] is None:  # not one line: trace every layer
-        return measure(cfg)
-    return carried  # type: ignore[return-value]
+        return microbatches(cfg)
+    runs = [microbatches(cfg.scaled(layers=k * chunk)) for k in SAMPLES]
+    return _carried(SAMPLES, runs, per_chunk) or microbatches(cfg)  # not one line: trace every layer
+
+
+_Figures = tuple[dict[str, int], dict[str, int]]
+
+
+def _carried(ks: tuple[int, ...], runs: list[_Figures], k: int) -> _Figures | None:
+    """Both dicts of figures at ``k``, on the lines through ``runs`` at ``ks``; None if any is off its line."""
+    peak, state = (_along_the_line(ks, [r[i] for r in runs], k) for i in (0, 1))
+    return None if peak is None or state is None else (peak, state)
 
 
 SAMPLES = (2, 3, 4)  # layers per pipeline chunk of the runs a deep model's figures are carried on from
+MICROBATCH_SAMPLES = (3, 4, 5)  # microbatches per stage of the runs a long pipeline's figures are carried on from
 
 
 def _along_the_line(ks: tuple[int, ...], runs: list[dict[str, int]], k: int) -> dict[str, int] | None:

@@ -122,7 +122,7 @@ class ModelTrainer(Checkpointed):
         check_params(cfg, params)
         checks.check_model(cfg, plan.replace(sp=False, cp=1), cfg.seq)  # the widths; each step checks its sequence
         if plan.pp > 1:
-            checks.check_pipeline(cfg, plan, plan.dp * plan.microbatches)
+            checks.check_pipeline(cfg, plan, plan.dp * plan.ep * plan.microbatches)
         self.cfg, self.plan, self.mesh = cfg, plan, mesh
         self.optimizer: Optimizer = _optimizer(optimizer)
         if precision is None:

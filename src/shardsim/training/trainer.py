@@ -31,8 +31,9 @@ Where the optimizer state lives (``state_layouts``) decides the optimizer step:
 from __future__ import annotations
 
 import contextlib
+import math
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,11 +46,16 @@ from ..errors import ShardingError
 from ..layout import Layout
 from ..mesh import Mesh
 from ..ops import cast
+from ..pieces import place, split
+from ..pipeline.execute import PipelineStep
 from ..resharding import local_slice
 from ..strategies import zero
 from ..strategies.base import Ctx, Grads, Params, Scheme
+from ..strategies.pp import PipelineState
 from ..strategies.runner import (
     backward_stack,
+    block_ranks,
+    check_residual,
     forward_stack,
     layer_of,
     reduce_gradients,
@@ -60,7 +66,7 @@ from ..strategies.runner import (
 )
 from ..tracing import Trace, phase, trace
 from . import optim
-from .loss import mse
+from .loss import mse, mse_terms
 from .optim import SGD, Adam, Optimizer
 from .precision import Precision
 from .scaling import DynamicLossScale, ScaleState, found_inf
@@ -301,12 +307,13 @@ class Trainer(Checkpointed):
         self.precision = Precision.of(precision, reduce=reduce_dtype, loss_scale=loss_scale)
         self.residual, self.recompute = residual, recompute
         self.axes = resolve_axes(self.scheme, mesh, axes)
+        check_residual(self.scheme, residual)
         self.ctx = Ctx(axes=self.axes, activation=activation, options=options).check()
         self.layouts = self.scheme.layouts(self.ctx)
         self.names = weight_names(self.scheme, self.layouts, params)
         self.state_layouts = zero.state_layouts(self.scheme, self.ctx)
         _reductions_in(self.precision, self.ctx, self.scheme)  # a reduce_dtype the scheme cannot use fails here
-        self.depth = stack_depth(params)
+        self.depth = stack_depth(params, block_ranks(self.layouts, mesh, self.names))
         self._blocks = [params] if self.depth is None else [layer_of(params, i) for i in range(self.depth)]
         self.step_count = 0
         self.skipped_steps = 0
@@ -418,9 +425,15 @@ class Trainer(Checkpointed):
             del xs
             stored = ledger.live("activations")
             ts = _place(target, mesh, self.layouts["out"], prec.compute, "Target", "activations")
-            out_layout = str(out.layout)
-            with phase("loss"):
-                loss, dout = mse(out, ts, scale=scale)
+            out_layout = str(Layout.parse(self.layouts["out"], mesh.axis_names))
+            pipeline = saved[0].step if len(saved) == 1 and isinstance(saved[0], PipelineState) else None
+            if pipeline is None:
+                with phase("loss"):
+                    loss, dout = mse(out, ts, scale=scale)
+            else:  # the last stage takes each microbatch's loss as it comes out (1F1B runs backward first)
+                losses: list[ShardedArray] = []
+                n_out = math.prod(ts.global_shape)
+                dout = microbatch_loss(pipeline, ts, scale, losses)  # type: ignore[assignment]
             del out, ts
             hand_over = [dout]  # so the backward pass holds the only reference and frees it
             del dout
@@ -429,6 +442,10 @@ class Trainer(Checkpointed):
                     scheme, ctx, saved, hand_over.pop(), self.params, residual=self.residual, recompute=self.recompute
                 )
                 del dx
+            if pipeline is not None:
+                shape_only = not losses or losses[0].is_shape_only
+                loss = None if shape_only else sum(float(np.asarray(v.to_global())) for v in losses) / n_out
+                del losses, pipeline
             model_state = {c: ledger.live(c) for c in MODEL_STATE}
             with phase("optimizer"):
                 grad_layouts, skipped = self._update(grads, scale, undo)
@@ -596,6 +613,28 @@ def train_step(
 
 
 # -- helpers -------------------------------------------------------------------------------
+def microbatch_loss(
+    pipeline: PipelineStep, target: ShardedArray, scale: float, losses: list[ShardedArray]
+) -> Callable[[int, ShardedArray], ShardedArray]:
+    """The mean squared error of a pipeline, microbatch by microbatch on its last stage.
+
+    Microbatch ``j``'s output meets its slice of the targets there; its ``dOut`` is the
+    whole batch's gradient restricted to those rows (``2 (Out_j - Target_j) / (B·D)``), and
+    its sum of squares goes to ``losses``.
+    """
+    m = pipeline.schedule.microbatches
+    pieces = split(target, target.layout.dims[0].name, m, label="Target")
+    n = math.prod(target.global_shape)
+
+    def dout_of(j: int, out: ShardedArray) -> ShardedArray:
+        mine = place(pieces[j], label="Target", **{pipeline.pipe: pipeline.schedule.stages - 1})
+        total, dout = mse_terms(out, mine, scale=scale * math.prod(out.global_shape) / n)
+        losses.append(total)
+        return dout
+
+    return dout_of
+
+
 def state_slice(w: ShardedArray, layout: str) -> ShardedArray:
     """The part of weights ``w`` each chip updates: ``w`` itself, or under ZeRO-1/2 its slice of the
     optimizer state's ``layout`` (a local slice, no communication; the weights are their own master).

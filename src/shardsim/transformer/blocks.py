@@ -39,7 +39,7 @@ import math
 from ..array import ShardedArray
 from ..ops import activation, activation_grad
 from ..tracing import phase
-from . import context_parallel, norms
+from . import context_parallel, moe_block, norms
 from .local import (
     causal_softmax,
     dim,
@@ -109,7 +109,7 @@ def _core(
     del kt
     p = causal_softmax(scores, 1.0 / math.sqrt(cfg.hd))
     del scores
-    mask = step.mask(i, "attn_probs", p, f"[{dim('B', r.data)}, {dim('N', r.model)}, S, S]")
+    mask = step.mask(i, "attn_probs", p, f"[{dim('B', *r.batch)}, {dim('N', r.model)}, S, S]")
     return p, mask, step.drop(p, mask).named("Pd")
 
 
@@ -215,6 +215,8 @@ def _core_backward(
 
 # -- MLP --------------------------------------------------------------------------------------------
 def mlp_forward(step: Step, i: int, x: ShardedArray) -> tuple[ShardedArray, Saved]:
+    if step.cfg.experts:
+        return moe_block.forward(step, i, x)
     cfg, pre = step.cfg, f"layers.{i}.mlp"
     c = norms.forward(cfg.norm, x, *_norm_keys(step, f"layers.{i}.mlp_norm"), cfg.norm_eps).named("Cn")  # 1.
     c_full = step.enter(c, "Cn")  # 2.
@@ -242,6 +244,8 @@ def mlp_forward(step: Step, i: int, x: ShardedArray) -> tuple[ShardedArray, Save
 
 
 def mlp_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> tuple[ShardedArray, Grads]:
+    if step.cfg.experts:
+        return moe_block.backward(step, i, saved, dout)
     cfg, pre = step.cfg, f"layers.{i}.mlp"
     grads: Grads = {}
     dz = step.enter(step.drop(dout, saved.get("mask mlp_out")), "dMLP out")  # 7-6.

@@ -27,15 +27,6 @@ from ..plan import Plan
 
 def check_plan(plan: Plan, mesh: Mesh) -> None:
     plan.check(mesh)
-    if plan.ep > 1:
-        raise PlanError(
-            f"run_model runs data, ZeRO/FSDP, tensor, sequence, context and pipeline parallelism; "
-            f"ep={plan.ep} is not part of it yet: set ep=1"
-        )
-    if plan.cp > 1 and plan.pp > 1:
-        raise PlanError(
-            f"run_model does not yet pipeline a context-parallel model (cp={plan.cp}, pp={plan.pp}): set pp=1 or cp=1"
-        )
 
 
 def check_model(cfg: TransformerConfig, plan: Plan, seq: int, *, dropout_on: bool = False) -> None:
@@ -56,6 +47,8 @@ def check_model(cfg: TransformerConfig, plan: Plan, seq: int, *, dropout_on: boo
         raise DivisibilityError(f"sequence length {seq} does not divide by {ax} for sequence parallelism (sp)")
     if plan.cp > 1:
         _check_context(cfg, plan, seq, dropout_on)
+    if cfg.experts or plan.ep > 1:
+        _check_experts(cfg, plan)
     if plan.zero == 3 and plan.dp > 1 and cfg.d_model % plan.dp:
         raise DivisibilityError(
             f"d_model={cfg.d_model} does not divide by dp={plan.dp}: ZeRO-3 / FSDP splits every weight's D "
@@ -88,6 +81,30 @@ def _check_context(cfg: TransformerConfig, plan: Plan, seq: int, dropout_on: boo
         )
 
 
+def _check_experts(cfg: TransformerConfig, plan: Plan) -> None:
+    """Expert parallelism needs experts, as many per chip; what the MoE block does not combine with yet."""
+    if not cfg.experts:
+        raise PlanError(
+            f"ep={plan.ep} splits a mixture of experts, and this model has none: set cfg.scaled(experts=E) "
+            "(a multiple of ep) or ep=1"
+        )
+    if cfg.experts % plan.ep:
+        raise DivisibilityError(
+            f"experts={cfg.experts} do not divide by ep={plan.ep} (the expert axis {plan.expert_axis!r}): "
+            f"each chip holds experts/ep of them; choose ep dividing {cfg.experts}"
+        )
+    if plan.zero >= 2 and plan.dp > 1:
+        raise PlanError(
+            f"zero={plan.zero} with a mixture of experts: the experts' gradients are reduced inside the MoE block, "
+            "not sharded over the data axis; use zero=0 or zero=1"
+        )
+    if plan.cp > 1:
+        raise PlanError(
+            f"cp={plan.cp} with a mixture of experts: the router's tokens are the batch's, whole sequences; "
+            "set cp=1 for a model with experts"
+        )
+
+
 def _kv_degrees(cfg: TransformerConfig) -> list[int]:
     """The tensor-parallel degrees that split or replicate the KV heads evenly."""
     k = cfg.n_kv
@@ -101,9 +118,10 @@ def check_pipeline(cfg: TransformerConfig, plan: Plan, batch: int) -> None:
         raise DivisibilityError(
             f"layers={cfg.layers} do not divide over pp={plan.pp} stages x virtual_stages={plan.virtual_stages}"
         )
-    if batch % (plan.dp * plan.microbatches):
+    if batch % (plan.dp * plan.ep * plan.microbatches):
         raise DivisibilityError(
-            f"batch B={batch} does not divide into dp={plan.dp} x microbatches={plan.microbatches} pieces"
+            f"batch B={batch} does not divide into dp={plan.dp} x ep={plan.ep} x microbatches={plan.microbatches} "
+            "pieces"
         )
     if cfg.tie_embeddings:
         raise PlanError(
@@ -145,4 +163,9 @@ def check_tokens(cfg: TransformerConfig, plan: Plan, tokens: Any, targets: Any) 
         )
     if b % plan.dp:
         raise DivisibilityError(f"batch B={b} does not divide by dp={plan.dp} (the data axis {plan.data_axis!r})")
+    if b % (plan.dp * plan.ep):
+        raise DivisibilityError(
+            f"batch B={b} does not divide by dp x ep = {plan.dp * plan.ep}: outside the experts the expert axis "
+            f"{plan.expert_axis!r} splits the batch too"
+        )
     return b, s

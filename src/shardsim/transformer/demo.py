@@ -14,12 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..array import shard
-from ..errors import PlanError
 from ..memory import fmt_bytes
 from ..models import TransformerConfig, get, reference
 from ..pictures import trace_table
 from ..plan import Plan
 from ..tracing import Trace, phase, trace
+from . import context_parallel
 from .blocks import layer_backward, layer_forward
 from .embedding import embed_forward
 from .roles import Roles
@@ -33,21 +33,20 @@ def walk(model: str | TransformerConfig, plan: str | Plan) -> str:
     """The walk-through text of block 0 of ``model`` (a preset name or a config) under ``plan``."""
     cfg = get(model) if isinstance(model, str) else model
     plan = Plan.parse(plan) if isinstance(plan, str) else plan
-    if plan.cp > 1:
-        raise PlanError(
-            f"the walk-through follows one block's tensor-parallel steps; {plan} has cp={plan.cp}: run it with "
-            "run_model, or walk a plan without cp"
-        )
     mesh = plan.mesh()
     roles = Roles.of(plan, cfg.n_kv)
     params = reference.init(cfg, seed=0, dtype="float64")
     rng = np.random.default_rng(0)
-    b = 2 * plan.dp
+    b = 2 * plan.dp * plan.ep  # outside the experts the expert axis splits the batch too
     tokens, targets = rng.integers(0, cfg.vocab, (b, cfg.seq)), rng.integers(0, cfg.vocab, (b, cfg.seq))
     seed = 0 if cfg.dropout else None
     dtype = np.dtype("float64")
     weights = {k: _place(mesh, v, roles.weight_layout(k), k, dtype, "params") for k, v in params.items()}
-    step = Step(cfg, roles, weights, seed)
+    walked, order, pos = tokens, None, None
+    if roles.context is not None:  # the sequence in its context-parallel order, as run_model puts it
+        order = context_parallel.order(cfg.seq, plan.cp, balanced=plan.cp_balanced)
+        walked, pos = context_parallel.permuted(tokens, order), context_parallel.positions(mesh, roles, order)
+    step = Step(cfg, roles, weights, seed, rows=order, positions=pos)
     out = [RULE, f"{cfg.name or 'model'} block 0 under {plan} on {mesh}", RULE]
     out.append(
         f"B={b}, S={cfg.seq}, d_model={cfg.d_model}, heads={cfg.heads} (kv {cfg.n_kv}), d_ff={cfg.d_ff}, "
@@ -59,7 +58,7 @@ def walk(model: str | TransformerConfig, plan: str | Plan) -> str:
             out.append(f"  {k:<26} {w.layout!s:<24} {w.local_shape}")
     with trace() as t:
         with phase("forward"):
-            x = embed_forward(step, _tokens(mesh, roles, tokens, "tokens"))
+            x = embed_forward(step, _tokens(mesh, roles, walked, "tokens"))
             start = len(t.events)
             y, saved = layer_forward(step, 0, x)
             fwd = t.events[start:]

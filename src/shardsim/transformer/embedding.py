@@ -66,7 +66,7 @@ def embed_backward(step: Step, tokens: ShardedArray, dx: ShardedArray) -> dict[s
     """``{"embed": dEmbed, "pos_embed": dPos}``, partial over the data axis (pos_embed rows ``[:S]``)."""
     r = step.roles
     full = step.enter(dx, "dx")  # SP: the embedding's ReduceScatter backward is an AllGather
-    token_axes = tuple(a for a in (r.data, r.context) if a is not None)
+    token_axes = tuple(a for a in (*r.batch, r.context) if a is not None)
     grads = {"embed": embed_scatter(full, tokens, step.cfg.vocab, r.model, token_axes)}
     if step.cfg.position == "learned":
         if r.context is not None:  # each row's gradient into the row of its real position

@@ -83,6 +83,15 @@ def flat_tokens(x: ShardedArray) -> ShardedArray:
     return _view(x, layout, (x.global_shape[0] * x.global_shape[1], x.global_shape[2]), data)
 
 
+def unflat_tokens(t: ShardedArray, like: ShardedArray) -> ShardedArray:
+    """``[T, X] -> [B, S, X]`` as ``like`` is laid out: the inverse of :func:`flat_tokens`
+    (a view; each chip's tokens are its rows of B, every position of S)."""
+    b, s = like.layout.dims[:2]
+    layout = Layout((b, s, t.layout.dims[1]), t.layout.partial)
+    data = None if t.is_shape_only else t.compact().reshape(t.compact().shape[: _nm(t)] + like.local_shape[:2] + (-1,))
+    return _view(t, layout, like.global_shape[:2] + (t.global_shape[1],), data)
+
+
 def heads_first(x: ShardedArray) -> ShardedArray:
     """``[B, S, N, H] <-> [B, N, S, H]`` (a transpose: a view)."""
     return x.transpose(0, 2, 1, 3)

@@ -35,7 +35,7 @@ from ..pipeline.schedule import make
 from ..plan import Plan
 from ..tracing import item as in_item
 from ..tracing import layer, phase, trace
-from . import checks
+from . import checks, context_parallel
 from .blocks import layer_backward, layer_forward
 from .embedding import embed_backward, embed_forward, head_backward, head_forward, loss_value
 from .roles import Roles
@@ -64,10 +64,15 @@ def run_pipelined(
     roles = Roles.of(plan, cfg.n_kv)
     dtype = _compute_dtype(plan, params)
     weights = place_weights(cfg, plan, mesh, params, dtype)
+    rows_, pos = None, None
+    if roles.context is not None:  # the sequence in its context-parallel order, up front, as run_model does
+        rows_ = context_parallel.order(s, plan.cp, balanced=plan.cp_balanced)
+        tokens, targets = context_parallel.permuted(tokens, rows_), context_parallel.permuted(targets, rows_)
+        pos = context_parallel.positions(mesh, roles, rows_)
     tok, tgt = _tokens(mesh, roles, tokens, "tokens"), _tokens(mesh, roles, targets, "targets")
     tok_mb, tgt_mb = split(tok, "B", m), split(tgt, "B", m)
     schedule = make(plan.schedule, p, m, v)
-    base = Step(cfg, roles, weights, dropout_seed)
+    base = Step(cfg, roles, weights, dropout_seed, rows=rows_, positions=pos)
     grads = _Gradients(base, s, accumulate=True)
     sent: dict[tuple[str, int, int], ShardedArray] = {}
     kept: dict[tuple[int, int], list[dict[str, ShardedArray]]] = {}
@@ -80,7 +85,7 @@ def run_pipelined(
     with trace() as t:
         for item in sorted(schedule.items):
             k, j = schedule.virtual_stage(item), item.microbatch
-            step = Step(cfg, roles, weights, dropout_seed, micro=(j, m))
+            step = Step(cfg, roles, weights, dropout_seed, micro=(j, m), rows=rows_, positions=pos)
             layers = range(k * per_virtual, (k + 1) * per_virtual)
             if item.kind == "F":
                 with phase("forward"), in_item(f"F{k}.{j}"):

@@ -47,6 +47,7 @@ _WEIGHT_DIMS = {
     "b_down": (("D",), None),
 }
 _KV = ("wk", "wv", "bk", "bv")
+_MOE_DIMS = {"router": ("D", "E"), "w_in": ("E", "D", "F"), "w_out": ("E", "F", "D")}  # a mixture of experts
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class Roles:
     kv_copies: int = 1  # chips per KV head when the model axis has more chips than KV heads
     context: str | None = None
     cp_method: str = "ring"
+    expert: str | None = None  # expert parallelism: splits the experts, and the batch outside them
 
     @classmethod
     def of(cls, plan: Plan, kv_heads: int | None = None) -> Roles:
@@ -74,7 +76,14 @@ class Roles:
             copies,
             plan.axis("context"),
             plan.cp_method,
+            plan.axis("expert"),
         )
+
+    @property
+    def batch(self) -> tuple[str, ...]:
+        """The axes splitting B: the data axis and, outside the experts, the expert axis
+        (GShard's layout: attention is data parallel over the expert axis too)."""
+        return tuple(a for a in (self.data, self.expert) if a is not None)
 
     @property
     def seq(self) -> str | None:
@@ -87,14 +96,20 @@ class Roles:
 
     def act(self, last: str = "D") -> str:
         """The residual stream's layout: ``[B_data, S, D]``, ``[B_data, S_model, D]`` under SP."""
-        return f"[{dim('B', self.data)}, {dim('S', self.context, self.seq)}, {last}]"
+        return f"[{dim('B', *self.batch)}, {dim('S', self.context, self.seq)}, {last}]"
 
     def full(self, last: str = "D") -> str:
         """A tensor-parallel region's layout: the whole sequence (the context block under CP), ``last`` as given."""
-        return f"[{dim('B', self.data)}, {dim('S', self.context)}, {last}]"
+        return f"[{dim('B', *self.batch)}, {dim('S', self.context)}, {last}]"
 
     def weight_dims(self, name: str, *, sharded: bool) -> tuple[str, ...]:
         short = name.rsplit(".", 1)[-1]
+        if ".moe." in name:  # the router is replicated; the experts are split over the expert axis
+            moe_dims = _MOE_DIMS[short]
+            split_e = [[self.expert if n == "E" and short != "router" else None] for n in moe_dims]
+            if sharded:  # ZeRO-1's optimizer state: D over the data axis too
+                split_e[moe_dims.index("D")].append(self.data)
+            return tuple(dim(n, *a) for n, a in zip(moe_dims, split_e))
         names, split = _WEIGHT_DIMS[short]
         if self.kv_copies > 1 and short in _KV:
             split = None  # replicated on every chip; each takes its head's columns (local.expand_kv)

@@ -137,7 +137,7 @@ def place_weights(
 
 def _tokens(mesh: Mesh, roles: Roles, value: Any, label: str) -> ShardedArray:
     dt = value.dtype if isinstance(value, ShapeDtype) else np.asarray(value).dtype
-    layout = f"[{dim('B', roles.data)}, {dim('S', roles.context)}]"
+    layout = f"[{dim('B', *roles.batch)}, {dim('S', roles.context)}]"
     return _place(mesh, value, layout, label, np.dtype(dt), "activations")
 
 
@@ -181,11 +181,12 @@ class _Gradients:
                 )
                 return
             g = all_reduce(g, r.context, label=f"d{key}")
-        if r.data is not None:
+        over = tuple(a for a in r.batch if a in g.layout.partial)  # the experts' own reduced theirs already
+        if over:
             g = (
-                all_reduce(g, r.data, label=f"d{key}")
+                all_reduce(g, over, label=f"d{key}")
                 if r.zero < 2
-                else reduce_scatter(g, r.data, r.shard_dim(key), label=f"d{key}")
+                else reduce_scatter(g, over, r.shard_dim(key), label=f"d{key}")
             )
         if key == "pos_embed" and self.seq < self.step.cfg.seq:
             g = rows(g, self.seq, total=self.step.cfg.seq)  # positions past the sequence get no gradient
