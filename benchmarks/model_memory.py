@@ -21,6 +21,7 @@ CASES = [
     ("dp=8,zero=1,tp=8", 16),
     ("dp=16,zero=3,tp=8", 16),
     ("dp=2,zero=1,tp=8,pp=7,microbatches=14", 28),
+    ("dp=4,zero=1,tp=8,pp=2,microbatches=32", 128),
 ]
 
 
