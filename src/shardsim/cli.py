@@ -57,6 +57,7 @@ from .errors import CommandLineError, MeshAxisError, ShardsimError
 from .memory import fmt_bytes
 from .mesh import Mesh
 from .pictures import _table, chip_lines, step_labels
+from .planner import cli as planner_cli
 from .strategies import StrategyResult
 from .strategies.base import ROLE_DEFAULTS
 from .strategies.runner import run as run_scheme
@@ -818,3 +819,8 @@ for _name, _help, _configure, _run in (
     ("critical", "the per-chip batch above which a scheme is compute-bound", "add_critical_arguments", "cli_critical"),
 ):
     subcommand(_name, _help, configure=getattr(cost_cli, _configure))(getattr(cost_cli, _run))
+subcommand(
+    "plan",
+    "the fastest plans of a model on a cluster that fit, ranked and explained",
+    configure=planner_cli.add_plan_arguments,
+)(planner_cli.cli_plan)

@@ -16,8 +16,19 @@ True
 from __future__ import annotations
 
 from .evaluate import PlanEstimate
+from .inverse import days_to_train, fewest_chips, largest_model
 from .search import plan
 from .space import Candidate, Constraints
 from .table import PlanTable, Rejection
 
-__all__ = ["Candidate", "Constraints", "PlanEstimate", "PlanTable", "Rejection", "plan"]
+__all__ = [
+    "Candidate",
+    "Constraints",
+    "PlanEstimate",
+    "PlanTable",
+    "Rejection",
+    "days_to_train",
+    "fewest_chips",
+    "largest_model",
+    "plan",
+]

@@ -170,6 +170,18 @@ def _memory(lay: Layer, c: Candidate, n: int) -> dict[str, int]:
     return mem
 
 
+def model_state(cache: LayerCache, c: Candidate) -> dict[str, int]:
+    """Bytes per chip of the model state between the backward pass and the update: the weights
+    as stored, the gradients as reduced, the optimizer state (the ZeRO paper's per-device
+    figures, which leave out activations and the transient gathered weights)."""
+    lay = cache.layer(c.plan, c.micro, c.order)
+    n = busiest_stage_layers(cache.model, c)
+    stored = lay.bytes_at("stored params", n)
+    state = {"params": stored, "grads": lay.bytes_at("reduced grads", n), "optimizer": optimizer_bytes(c.plan, stored)}
+    state["total"] = sum(state.values())
+    return state
+
+
 def _exposed(lay: Layer, compute: float, n: int, m: int, plan: Plan) -> dict[str, float]:
     """Seconds of the busiest stage's work spent waiting on each mesh axis (the layer time
     line's exposed share of each stream, scaled to the stage's work)."""

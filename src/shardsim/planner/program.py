@@ -79,12 +79,16 @@ class Layer:
     flops: tuple[int, int]
     timeline: Timeline
     stored_params: tuple[int, int]  # weights a chip stores between steps, at one and two layers
+    reduced_grads: tuple[int, int]  # gradients a chip holds once reduced, at one and two layers
 
     def bytes_at(self, category: str, layers: int) -> int:
         """The category's per-chip peak with ``layers`` layers, extended from the two traces
-        (``"stored params"``: the weights kept between steps)."""
+        (``"stored params"``: the weights kept between steps; ``"reduced grads"``: the gradients
+        once reduced, as the update reads them)."""
         if category == "stored params":
             a, b = self.stored_params
+        elif category == "reduced grads":
+            a, b = self.reduced_grads
         else:
             a, b = self.peak1.get(category, 0), self.peak2.get(category, 0)
         return int(a + (layers - 1) * (b - a))
@@ -97,6 +101,7 @@ class _Run:
     stored: int
     flops: int
     params: int
+    grads: int  # the gradients as the step leaves them (reduced; a ZeRO-2/3 chip's shard)
 
 
 def _stored(cfg: TransformerConfig, lp: Plan) -> int:
@@ -140,7 +145,7 @@ def _at_dp(two: list[_Run], four: list[_Run], dp: int) -> list[_Run]:
     out = []
     for r2, r4 in zip(two, four):
         peak = {k: at(r2.peak.get(k, 0), r4.peak.get(k, 0)) for k in r2.peak}
-        out.append(_Run(r2.events, peak, r2.stored, r2.flops, at(r2.params, r4.params)))
+        out.append(_Run(r2.events, peak, r2.stored, r2.flops, at(r2.params, r4.params), at(r2.grads, r4.grads)))
     return out
 
 
@@ -225,7 +230,8 @@ class LayerCache:
             peak["total"] = int(mem.peak().max())
             events = list(res.trace.events)
             flops = sum(e.flops for e in events if e.phase != "recompute")
-            runs.append(_Run(events, peak, int(res.stored[0].max()), flops, _stored(cfg, lp)))
+            grads = sum(g.local_nbytes for g in res.sharded_grads.values())
+            runs.append(_Run(events, peak, int(res.stored[0].max()), flops, _stored(cfg, lp), grads))
         return runs
 
     def _cost(self, runs: list[_Run], pl: Placement, eff: Efficiency) -> Layer:
@@ -233,8 +239,9 @@ class LayerCache:
         per = t2 - t1
         p1, p2 = runs[0].peak, runs[1].peak
         return Layer(
-            per, t1 - per, p1, p2, runs[0].stored, (runs[0].flops, runs[1].flops), tl, (runs[0].params, runs[1].params)
-        )
+            per, t1 - per, p1, p2, runs[0].stored, (runs[0].flops, runs[1].flops), tl,
+            (runs[0].params, runs[1].params), (runs[0].grads, runs[1].grads),
+        )  # fmt: skip
 
     def _times(self, events: Sequence[Event], pl: Placement, eff: Efficiency) -> tuple[Times, Timeline]:
         """Two time lines: the microbatch's work alone, and with the gradient reductions (the

@@ -127,6 +127,8 @@ def plan(
     for e in kept:  # one row per plan and microbatch: its fastest mesh order
         if e.step_s / e.tokens <= best * (1 + window):
             unique.setdefault((str(e.plan), e.candidate.micro), e)
+        else:
+            rejected.append(Rejection(e.candidate, "slower", e.step_s / e.tokens / best - 1, e.step_s, e.bound))
     kept = list(unique.values())
     table = PlanTable(cfg, hw, chips, batch_tokens, seq, kept, rejected, len(space), cache.traced,
                       time.perf_counter() - t0, cons, window)  # fmt: skip

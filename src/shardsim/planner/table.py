@@ -32,8 +32,10 @@ from .space import Candidate, Constraints
 class Rejection:
     """A candidate left out: ``kind`` ``"memory"`` (its memory lower bound exceeds the chip by
     ``amount`` bytes), ``"oom"`` (its traced memory does, by ``amount``), ``"bound"`` (its time
-    lower bound is ``amount`` slower than the best plan, as a fraction) or ``"refused"`` (the
-    program refused it: ``detail``). ``step_s`` its step (traced) or lower bound, if known."""
+    lower bound is ``amount`` slower than the best plan, as a fraction), ``"slower"`` (traced,
+    it fits but is ``amount`` slower than the best, beyond the window; ``detail`` what binds it)
+    or ``"refused"`` (the program refused it: ``detail``). ``step_s`` its step (traced) or
+    lower bound, if known."""
 
     candidate: Candidate
     kind: str
@@ -143,12 +145,19 @@ class PlanTable:
         mem = [r for r in rej if r.kind in ("memory", "oom")]
         bound = [r for r in rej if r.kind == "bound"]
         refused = [r for r in rej if r.kind == "refused"]
+        slower = [r for r in rej if r.kind == "slower"]
         if mem and len(mem) == len(rej):
             least = min(mem, key=lambda r: r.amount)
             how = "measured" if least.kind == "oom" else "at least (lower bound)"
             closest = f"{fmt_bytes(least.amount)} short ({how}, {least.candidate.describe()})"
             return f"out of memory: {len(mem)} plans, the closest {closest}"
         text = []
+        if slower:
+            fastest = min(slower, key=lambda r: r.amount)
+            text.append(
+                f"fits, but its best ({fastest.candidate.describe()}) is {fastest.amount:.1%} slower per token, "
+                f"bound by {fastest.detail}"
+            )
         if bound:
             least_b = min(bound, key=lambda r: r.amount)
             text.append(f"{len(bound)} slower by their lower bound alone (>= {least_b.amount:.0%} behind the best)")
@@ -161,7 +170,7 @@ class PlanTable:
         net = next(iter(self.hardware.networks.values()))
         domain = getattr(net, "domain", None)
         if domain and tp > domain:
-            text.append(f"TP {tp} spans more than one {domain}-chip fast domain: its collectives cross the slow network")
+            text.append(f"TP {tp} spans more than one {domain}-chip fast domain: collectives cross the slower network")
         return "; ".join(text)
 
     def no_plan_reason(self) -> str:
@@ -177,14 +186,15 @@ class PlanTable:
         fixes = ["more chips"]
         if p.recompute != "full":
             fixes.append("recompute='full'")
-        if p.zero < 3 and p.pp == 1:
+        if p.zero < 3 and p.pp == 1 and p.dp > 1:
             fixes.append(f"ZeRO stage {p.zero + 1}")
         fixes.append("a smaller microbatch or batch")
         fixes.append("less headroom" if self.constraints.headroom else "fewer fixed degrees")
         return (
             f"{name} fits under no plan on {self.chips} {self.hardware.name} chips "
             f"({fmt_bytes(self.hardware.hbm_capacity)} each): the closest, {least.candidate.describe()}, is "
-            f"{fmt_bytes(least.amount)} per chip short; try {', '.join(fixes)}"
+            f"{'at least ' if least.kind == 'memory' else ''}{fmt_bytes(least.amount)} per chip short; "
+            f"try {', '.join(fixes)}"
         )
 
     # -- display ----------------------------------------------------------------------------
@@ -199,7 +209,7 @@ class PlanTable:
     def _cells(self, top: int) -> tuple[list[tuple[str, ...]], set[int]]:
         head = ("#", "plan", "mb", "step", "tokens/s", "MFU", "params", "grads", "optimizer", "activations",
                 "total", "headroom", "binds")  # fmt: skip
-        rows = [head]
+        rows: list[tuple[str, ...]] = [head]
         for i, e in enumerate(self.rows[:top], 1):
             m = e.memory
             rows.append(
