@@ -9,8 +9,9 @@ Memory: the weights, gradients and optimizer state of the layers on the busiest 
 counted at the fewest bytes any plan stores them (16-bit weights and gradients, ``K = 12``
 bytes of fp32 master weights and Adam moments, each divided by ``dp`` where the ZeRO stage
 shards it; the ZeRO paper's ``(2 + 2 + K)Ψ``), plus the block inputs every recomputation
-policy keeps for each microbatch the schedule holds at once. Embeddings, norms and every
-other activation only add to it.
+policy keeps for each microbatch chunk the first stage holds at once, at least ``min(m, p)``
+under GPipe, 1F1B and the interleaved schedule alike. Embeddings, norms and every other
+activation only add to it.
 
 Time: the matmul FLOPs of the busiest stage's layers (``6Ψ`` per token, ``8Ψ`` under full
 recomputation; attention only adds) at the chip's best matmul rate, stretched by the
@@ -98,7 +99,8 @@ def memory_bound(model: TransformerConfig, c: Candidate, *, seq: int) -> float:
     opt = OPTIMIZER_BYTES / (d if p.zero >= 1 else 1)
     chunk = busiest_stage_layers(model, c) // p.virtual_stages
     block_input = 2 * c.micro * seq * model.d_model / (p.cp * (p.tp if p.sp else 1))
-    return psi * (weights + grads + opt) + in_flight(c) * chunk * block_input
+    held = min(p.microbatches, p.pp)  # the first stage holds at least this many chunks under every schedule
+    return psi * (weights + grads + opt) + held * chunk * block_input
 
 
 def time_bound(model: TransformerConfig, c: Candidate, hw: Hardware, eff: Efficiency, *, seq: int) -> float:
@@ -114,17 +116,18 @@ def time_bound(model: TransformerConfig, c: Candidate, hw: Hardware, eff: Effici
 
 
 def stage_bound(model: TransformerConfig, c: Candidate, per_layer_s: float, sync_s: float) -> float:
-    """A lower bound of a pipelined step once its layer is traced: the schedule can do no
-    better than ``(m + (p - 1)/v)`` microbatches of its lightest stage's layers (``per_layer_s``
-    each, forward and backward), then that stage's gradient reduction (``sync_s`` a layer).
+    """A lower bound of a step once its layer is traced: the schedule can do no better than
+    ``(m + (p - 1)/v)`` microbatches of its lightest stage's layers (``per_layer_s`` each,
+    forward and backward), then, with a pipeline, that stage's gradient reduction after the
+    flush (``sync_s`` a layer; without one it overlaps the last backward and is not counted).
 
     >>> from shardsim.models import get
     >>> from shardsim.plan import Plan
     >>> stage_bound(get("gpt-tiny"), Candidate(Plan(pp=1, microbatches=4), 1, 4), 1.0, 0.5)
-    9.0
+    8.0
     """
     p = c.plan
-    n = busiest_stage_layers(model, c) - (2 if p.pp > 1 else 0)
     if p.pp == 1:
-        n = model.layers
+        return p.microbatches * model.layers * per_layer_s
+    n = busiest_stage_layers(model, c) - 2
     return (p.microbatches + (p.pp - 1) / p.virtual_stages) * n * per_layer_s + n * sync_s
