@@ -12,7 +12,6 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_run_model import check_against_reference
 
 from shardsim.cli import main
 from shardsim.cost import get_hardware
@@ -24,6 +23,7 @@ from shardsim.planner.bounds import memory_bound, stage_bound, time_bound
 from shardsim.planner.evaluate import evaluate
 from shardsim.planner.program import LayerCache
 from shardsim.planner.space import candidates, stage_layers
+from test_run_model import check_against_reference
 
 LLAMA = get("llama-tiny").scaled(layers=4)
 GPT = get("gpt-tiny")
