@@ -34,7 +34,7 @@ import contextlib
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -64,6 +64,9 @@ from .loss import mse
 from .optim import SGD, Adam, Optimizer
 from .precision import Precision
 from .scaling import DynamicLossScale, ScaleState, found_inf
+
+if TYPE_CHECKING:
+    from .model_trainer import ModelTrainer
 
 MODEL_STATE = ("params", "grads", "optimizer")
 
@@ -180,7 +183,7 @@ class Trainer:
                     masters[k] = _place(block[k], mesh, self.state_layouts[k], prec.state_dtype, label, "optimizer")
                 moments[k] = {
                     slot: _place(
-                        _zeros_like(block[k]), mesh, self.state_layouts[k], prec.state_dtype, label, "optimizer"
+                        _zeros_like(block[k]), mesh, self.state_layouts[k], prec.moment_dtype, label, "optimizer"
                     )
                     for slot in self.optimizer.slots
                 }
@@ -189,6 +192,35 @@ class Trainer:
             self.moments.append(moments)
         self._blocks = [{k: _spec(v) for k, v in b.items()} for b in self._blocks]  # shapes only from here on
         self._engine_step = _engine_step(engine, self)
+
+    @classmethod
+    def for_model(
+        cls,
+        cfg: Any,
+        plan: Any,
+        mesh: Mesh,
+        params: Mapping[str, Any],
+        optimizer: Optimizer | str | None = None,
+        **options: Any,
+    ) -> ModelTrainer:
+        """A trainer of transformer ``cfg`` (a :class:`~shardsim.models.TransformerConfig`) under
+        ``plan`` (a :class:`~shardsim.plan.Plan`) on ``mesh``: a
+        :class:`~shardsim.training.model_trainer.ModelTrainer`, whose steps run
+        :func:`~shardsim.transformer.run_model` and then this trainer's optimizer update.
+        ``options``: ``precision``, ``reduce_dtype``, ``dropout_seed``.
+
+        >>> import numpy as np
+        >>> from shardsim.models import get, reference
+        >>> from shardsim.plan import Plan
+        >>> cfg, plan = get("gpt-tiny"), Plan(dp=2, zero=2)
+        >>> t = Trainer.for_model(cfg, plan, plan.mesh(), reference.init(cfg), "adam")
+        >>> tok = np.arange(16).reshape(2, 8)
+        >>> t.step(tok, tok + 1).step, t.moments["embed"]["m"].layout
+        (1, Layout('[V, D_{data}]'))
+        """
+        from .model_trainer import ModelTrainer
+
+        return ModelTrainer(cfg, plan, mesh, params, optimizer, **options)
 
     # -- the step ---------------------------------------------------------------------------
     def step(self, x: Any, target: Any) -> StepResult:
@@ -322,20 +354,15 @@ class Trainer:
             for k in self.names:
                 gk = g.pop(k)
                 layouts[k] = str(gk.layout)
-                w = self._to_update(i, k)
-                grad = None
-                if not gk.is_shape_only:  # 2. every chip updates the block it holds
-                    grad = gk.compact()
-                    if scale != 1:
-                        grad = grad.astype(w.dtype) * w.dtype.type(1.0 / scale)
-                    moments = {s: m.compact() for s, m in self.moments[i][k].items()}
-                    opt.update(w.compact(), grad, moments, step)
-                del gk, grad
-                if gather is not None:
-                    sliced[k] = w if not prec.mixed else cast(w, prec.compute, category="params", label=w.label)
+                master = self.master[i][k] if prec.mixed else None
+                new = update_weight(  # 2. every chip updates the block it holds
+                    opt, step, self.params[i][k], master, gk, self.moments[i][k], self.state_layouts[k],
+                    scale=scale, gathered=gather is not None,
+                )  # fmt: skip
+                del gk
+                if new is not None:
+                    sliced[k] = new
                     self.params[i][k] = None  # type: ignore[assignment]  # the gather below refills it
-                elif prec.mixed and not w.is_shape_only:  # refresh the 16-bit copy of the master
-                    np.copyto(self.params[i][k].compact(), w.compact(), casting="unsafe")
             if gather is not None:
                 self.params[i].update(gather(ctx, sliced))  # 3. AllGather the updated weights
                 del sliced
@@ -353,14 +380,6 @@ class Trainer:
             else:
                 entries.append(_Undo(holder, key, value, None, value.uid, None if data is None else data.copy()))
         return entries
-
-    def _to_update(self, i: int, k: str) -> ShardedArray:
-        """The array the optimizer updates in place: the master, the weights, or this chip's slice."""
-        if self.precision.mixed:
-            return self.master[i][k]
-        w = self.params[i][k]
-        mine = state_slice(w, self.state_layouts[k])
-        return w if mine is w else _owned(mine, w.label, "params")
 
     # -- reading the state -----------------------------------------------------------------
     @property
@@ -565,6 +584,56 @@ def state_slice(w: ShardedArray, layout: str) -> ShardedArray:
     return w
 
 
+def update_weight(
+    opt: Optimizer,
+    step: int,
+    w: ShardedArray,
+    master: ShardedArray | None,
+    grad: ShardedArray,
+    moments: Mapping[str, ShardedArray],
+    layout: str,
+    *,
+    scale: float = 1.0,
+    gathered: bool = False,
+    sent: str = "params",
+) -> ShardedArray | None:
+    """The optimizer step of one weight ``w``, whose optimizer state lives in ``layout``.
+
+    Each chip updates what it holds of the state: the float32 ``master`` (mixed precision),
+    else ``w`` itself or, when ``layout`` splits it further (ZeRO-1/2), its slice of ``w``.
+    ``grad`` (reduced; divided by ``scale`` here) is cut to ``layout`` first, a local slice.
+    With ``gathered`` (ZeRO-1/2) the updated slice is returned in ``w``'s dtype for the
+    caller's AllGather (in ledger category ``sent``); else ``w`` is updated in place (its 16-bit copy refreshed from the
+    master) and None returned.
+
+    >>> import numpy as np, shardsim
+    >>> mesh = shardsim.Mesh(X=2)
+    >>> w = _owned(shardsim.shard(np.ones((2, 2)), mesh, "D F"), "W", "params")
+    >>> g = shardsim.shard(np.ones((2, 2)), mesh, "D F")
+    >>> new = update_weight(SGD(lr=0.5), 1, w, None, g, {}, "[D_X, F]", gathered=True)
+    >>> new.layout, new.to_global().tolist()
+    (Layout('[D_X, F]'), [[0.5, 0.5], [0.5, 0.5]])
+    """
+    target = master
+    if target is None:
+        mine = state_slice(w, layout)
+        target = w if mine is w else _owned(mine, w.label, sent)
+        del mine
+    grad = state_slice(grad, layout)
+    if not grad.is_shape_only:
+        g = grad.compact()
+        if scale != 1:
+            g = g.astype(target.dtype) * target.dtype.type(1.0 / scale)
+        opt.update(target.compact(), g, {s: m.compact() for s, m in moments.items()}, step)
+        del g
+    del grad
+    if gathered:
+        return target if master is None else cast(target, w.dtype, category=sent, label=w.label)
+    if master is not None and not target.is_shape_only:  # refresh the 16-bit copy of the master
+        np.copyto(w.compact(), target.compact(), casting="unsafe")
+    return None
+
+
 @dataclass
 class _Undo:
     """One state value as it was before a step changed it: the value itself and a copy of its
@@ -579,7 +648,7 @@ class _Undo:
 
 
 def _spec_of(x: ShardedArray) -> tuple[Any, ...]:
-    return (x.mesh, x.layout, x.global_shape, x.dtype, x.label, x.category)
+    return (x.mesh, x.layout, x.global_shape, x.dtype, x.label, x.category, x.holders)
 
 
 def _roll_back(mesh: Mesh, undo: list[_Undo]) -> None:
@@ -595,8 +664,10 @@ def _roll_back(mesh: Mesh, undo: list[_Undo]) -> None:
             elif u.holder.get(u.key) is None or u.holder[u.key].uid != u.uid:
                 u.holder[u.key] = None  # release the new value before the old one is rebuilt
                 assert u.spec is not None
-                m, layout, shape, dtype, label, category = u.spec
-                u.holder[u.key] = ShardedArray(m, layout, shape, dtype, u.data, label=label, category=category)
+                m, layout, shape, dtype, label, category, holders = u.spec
+                u.holder[u.key] = ShardedArray(
+                    m, layout, shape, dtype, u.data, label=label, category=category, holders=holders
+                )
     finally:
         ledger.capacity = capacity
 
@@ -670,7 +741,9 @@ def _place(value: Any, mesh: Mesh, layout: str, dtype: np.dtype, label: str, cat
 def _owned(x: ShardedArray, label: str | None, category: str) -> ShardedArray:
     """A copy of ``x`` whose blocks the optimizer may update in place."""
     data = None if x.is_shape_only else np.array(x.compact())
-    return ShardedArray(x.mesh, x.layout, x.global_shape, x.dtype, data, label=label, category=category)
+    return ShardedArray(
+        x.mesh, x.layout, x.global_shape, x.dtype, data, label=label, category=category, holders=x.holders
+    )
 
 
 def _reductions_in(precision: Precision, ctx: Ctx, scheme: Scheme) -> contextlib.AbstractContextManager[Any]:
