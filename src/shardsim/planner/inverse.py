@@ -69,8 +69,11 @@ def largest_model(
         hd = family.hd
         return [family.scaled(d_model=w, d_ff=4 * w, heads=w // hd, kv_heads=None) for w in widths or ()]
 
+    shared = LayerCache(family, hw, seq=seq, efficiency=efficiency)
+
     def fits(cfg: TransformerConfig) -> tuple[bool, PlanEstimate]:
-        cache = LayerCache(cfg, hw, seq=seq, efficiency=efficiency)
+        same = scale == "layers"  # deeper members share the family's traced layer program
+        cache = shared.with_layers(cfg.layers) if same else LayerCache(cfg, hw, seq=seq, efficiency=efficiency)
         est = evaluate(cache, cand)
         if count == "model_state":
             total = model_state(cache, cand)["total"]
@@ -157,7 +160,7 @@ def days_to_train(estimate: PlanEstimate | PlanTable, tokens: float) -> float:
 
     >>> from shardsim.models import get
     >>> from shardsim.planner import plan
-    >>> t = plan(get("gpt-tiny"), "h100", chips=2, batch_tokens=4 * 16, seq=16)
+    >>> t = plan(get("gpt-tiny"), "h100", chips=2, batch_tokens=4 * 16, seq=16, zero=0, recompute="none")
     >>> days_to_train(t, t.best.tokens_per_s * 86400)
     1.0
     """

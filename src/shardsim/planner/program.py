@@ -25,6 +25,7 @@ The gradient reductions over the data axis are kept apart (``sync``): they run o
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -183,6 +184,20 @@ class LayerCache:
         self._placements: dict[tuple[Any, ...], tuple[Placement, Efficiency]] = {}
         self._p2p: dict[tuple[Any, ...], float] = {}
         self.traced = 0
+
+    def with_layers(self, layers: int) -> LayerCache:
+        """The same model with ``layers`` layers, sharing this cache's traces: a layer program
+        does not depend on how many layers follow it.
+
+        >>> from shardsim.models import get
+        >>> cache = LayerCache(get("gpt-tiny"), "h100", seq=16)
+        >>> deep = cache.with_layers(64)
+        >>> deep.model.layers, deep._programs is cache._programs
+        (64, True)
+        """
+        other = copy.copy(self)
+        other.model = self.model.scaled(layers=layers)
+        return other
 
     # -- placement ---------------------------------------------------------------------------
     def placement(self, plan: Plan, order: Sequence[str] | None = None) -> tuple[Placement, Efficiency]:

@@ -12,7 +12,7 @@
 Bounds only prune; every figure in the table comes from a traced program.
 
 >>> from shardsim.models import get
->>> table = plan(get("gpt-tiny"), "h100", chips=4, batch_tokens=8 * 16, seq=16)
+>>> table = plan(get("gpt-tiny"), "h100", chips=4, batch_tokens=8 * 16, seq=16, zero=0, recompute="none")
 >>> table.best.plan.chips, table.considered >= len(table.rows) > 0
 (4, True)
 """

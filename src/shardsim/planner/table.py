@@ -9,7 +9,7 @@ plan's layer time line. :meth:`PlanTable.to_json` gives every figure as plain va
 
 >>> from shardsim.models import get
 >>> from shardsim.planner import plan
->>> t = plan(get("gpt-tiny"), "h100", chips=2, batch_tokens=4 * 16, seq=16)
+>>> t = plan(get("gpt-tiny"), "h100", chips=2, batch_tokens=4 * 16, seq=16, zero=0, recompute="none")
 >>> print(str(t).splitlines()[0])  # doctest: +ELLIPSIS
 gpt-tiny on 2 h100, 64 tokens per step (4 x 16): ... candidates, ... traced, ... kept in ... s
 """
@@ -96,7 +96,7 @@ class PlanTable:
 
         >>> from shardsim.models import get
         >>> from shardsim.planner import plan
-        >>> t = plan(get("gpt-tiny"), "h100", chips=2, batch_tokens=4 * 16, seq=16)
+        >>> t = plan(get("gpt-tiny"), "h100", chips=2, batch_tokens=4 * 16, seq=16, zero=0, recompute="none")
         >>> all(r.plan.tp == 2 for r in t.find(tp=2))
         True
         """
