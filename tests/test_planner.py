@@ -163,3 +163,29 @@ def test_cli_plan_table_json_and_one_line_errors(capsys):
     assert err.count("\n") == 1 and "fits under no plan" in err
     assert main([*argv, "--fix", "tp=two"]) == 2
     assert "expected a whole number" in capsys.readouterr().err
+
+
+def test_progress_counter_writes_one_line_only_when_enabled():
+    import io
+
+    from shardsim.planner.progress import Progress
+
+    out = io.StringIO()
+    bar = Progress(10, enabled=True, stream=out)
+    bar.update(considered=5, traced=2, kept=1, force=True)
+    bar.close()
+    assert out.getvalue().startswith("\rplanning: 5/10 candidates, 2 layer programs traced, 1 plans kept")
+    assert out.getvalue().endswith("\n")
+    quiet = io.StringIO()
+    Progress(10, stream=quiet).update(considered=1, traced=1, kept=1, force=True)  # not a terminal
+    assert quiet.getvalue() == ""
+
+
+def test_batch_range_and_headroom_constraints():
+    hbm = get_hardware("h100").hbm_capacity
+    table = plan(LLAMA, "h100", 4, batch_tokens=6 * 16, seq=16, batch_range=(4 * 16, 8 * 16), headroom=0.5, zero=0)
+    for row in table.rows:
+        assert 4 <= row.candidate.batch <= 8 and row.candidate.batch % row.plan.dp == 0
+        assert row.memory["total"] <= 0.5 * hbm and row.tokens == row.candidate.batch * 16
+    with pytest.raises(PlannerError, match="whole number of 16-token sequences"):
+        plan(LLAMA, "h100", 4, batch_tokens=6 * 16 + 1, seq=16)

@@ -30,6 +30,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import math
 
 from ..cost.efficiency import Efficiency
@@ -41,6 +42,7 @@ from .space import Candidate, stage_layers
 OPTIMIZER_BYTES = 12  # fp32 master weights + Adam's two moments per parameter (ZeRO paper, K = 12)
 
 
+@functools.lru_cache(maxsize=64)
 def layer_matmul_params(model: TransformerConfig) -> int:
     """Ψ of one layer's matmul weights (the 2-D ones): what ``6Ψ`` FLOPs per token counts.
 
