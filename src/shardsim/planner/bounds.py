@@ -55,7 +55,13 @@ def layer_matmul_params(model: TransformerConfig) -> int:
 
 
 def busiest_stage_layers(model: TransformerConfig, c: Candidate) -> int:
-    """Layers the busiest pipeline stage holds (all of them without a pipeline)."""
+    """Layers the busiest pipeline stage holds (all of them without a pipeline).
+
+    >>> from shardsim.models import get
+    >>> from shardsim.plan import Plan
+    >>> busiest_stage_layers(get("llama3-405b"), Candidate(Plan(pp=16, microbatches=16), 1, 16))
+    8
+    """
     p, v = c.plan.pp, c.plan.virtual_stages
     if p == 1:
         return model.layers
@@ -65,7 +71,13 @@ def busiest_stage_layers(model: TransformerConfig, c: Candidate) -> int:
 
 
 def in_flight(c: Candidate) -> int:
-    """Microbatch chunks the first stage holds at once, from the schedule itself (1 without a pipeline)."""
+    """Microbatch chunks the first stage holds at once, from the schedule itself (1 without a pipeline).
+
+    >>> from shardsim.plan import Plan
+    >>> p = Plan(pp=4, microbatches=8)
+    >>> in_flight(Candidate(p, 1, 8)), in_flight(Candidate(p.replace(schedule="gpipe"), 1, 8))
+    (4, 8)
+    """
     p = c.plan
     if p.pp == 1:
         return 1
@@ -106,7 +118,17 @@ def memory_bound(model: TransformerConfig, c: Candidate, *, seq: int) -> float:
 
 
 def time_bound(model: TransformerConfig, c: Candidate, hw: Hardware, eff: Efficiency, *, seq: int) -> float:
-    """Seconds no plan of this shape can take less than for one step (module doc)."""
+    """Seconds no plan of this shape can take less than for one step (module doc).
+
+    >>> from shardsim.models import get
+    >>> from shardsim.plan import Plan
+    >>> from shardsim.cost import get_hardware
+    >>> from shardsim.cost.efficiency import IDEAL
+    >>> c = Candidate(Plan(dp=8), micro=1, batch=8)
+    >>> t = time_bound(get("llama3-8b"), c, get_hardware("h100"), IDEAL, seq=8192)
+    >>> round(t * 9.9e14 / (6 * 32 * layer_matmul_params(get("llama3-8b")) * 8192), 6)  # 6 Psi T at peak
+    1.0
+    """
     p = c.plan
     per_token = (8 if p.recompute == "full" else 6) * layer_matmul_params(model) / p.tp
     tokens = c.micro * seq / p.cp  # per chip per microbatch

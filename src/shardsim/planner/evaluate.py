@@ -124,7 +124,11 @@ class PlanEstimate:
 
 def optimizer_bytes(plan: Plan, stored_params: int) -> int:
     """Mixed-precision Adam's state for the parameters a chip stores: ``K = 12`` bytes per
-    16-bit parameter, over the data axis from ZeRO-1 on (ZeRO-3's stored weights already are)."""
+    16-bit parameter, over the data axis from ZeRO-1 on (ZeRO-3's stored weights already are).
+
+    >>> optimizer_bytes(Plan(dp=4), 2_000), optimizer_bytes(Plan(dp=4, zero=1), 2_000)
+    (12000, 3000)
+    """
     elems = stored_params // 2
     return int(OPTIMIZER_BYTES * elems // (plan.dp if plan.zero in (1, 2) else 1))
 
@@ -173,7 +177,14 @@ def _memory(lay: Layer, c: Candidate, n: int) -> dict[str, int]:
 def model_state(cache: LayerCache, c: Candidate) -> dict[str, int]:
     """Bytes per chip of the model state between the backward pass and the update: the weights
     as stored, the gradients as reduced, the optimizer state (the ZeRO paper's per-device
-    figures, which leave out activations and the transient gathered weights)."""
+    figures, which leave out activations and the transient gathered weights).
+
+    >>> from shardsim.models import get
+    >>> cache = LayerCache(get("gpt-tiny"), "h100", seq=16)
+    >>> s = model_state(cache, Candidate(Plan(dp=2, zero=3), micro=1, batch=2))
+    >>> s["optimizer"] == 6 * s["params"]  # 12 bytes of Adam state per 2-byte weight
+    True
+    """
     lay = cache.layer(c.plan, c.micro, c.order)
     n = busiest_stage_layers(cache.model, c)
     stored = lay.bytes_at("stored params", n)

@@ -151,7 +151,12 @@ def _at_dp(two: list[_Run], four: list[_Run], dp: int) -> list[_Run]:
 
 
 def is_sync(e: Event) -> bool:
-    """A gradient's reduction over the data axis (it runs once per step, not per microbatch)."""
+    """A gradient's reduction over the data axis (it runs once per step, not per microbatch).
+
+    >>> e = Event(0, "all_reduce", ("data",), "dlayers.0.mlp.w_in", (), "", "backward")
+    >>> is_sync(e), is_sync(Event(1, "all_reduce", ("model",), "Attn out", (), "", "forward"))
+    (True, False)
+    """
     return (
         e.phase == "backward"
         and e.op in ("all_reduce", "reduce_scatter")

@@ -158,7 +158,12 @@ def divisors(n: int) -> list[int]:
 
 
 def tp_degrees(model: TransformerConfig, chips: int, tp_max: int) -> list[int]:
-    """Tensor-parallel degrees the model splits by (heads, d_ff, vocab; KV heads split or replicated)."""
+    """Tensor-parallel degrees the model splits by (heads, d_ff, vocab; KV heads split or replicated).
+
+    >>> from shardsim.models import get
+    >>> tp_degrees(get("llama3-405b"), 16384, 8)
+    [1, 2, 4, 8]
+    """
     k = model.n_kv
     return [
         t
@@ -185,7 +190,11 @@ def stage_layers(layers: int, parts: int) -> int | None:
 
 def batch_sizes(batch_tokens: int, seq: int, dp: int, rng: tuple[int, int] | None) -> list[int]:
     """Global batches in sequences a data-parallel degree ``dp`` can take: ``batch_tokens / seq``
-    if it divides by ``dp``; with a range, the multiple of ``dp`` nearest that in the range."""
+    if it divides by ``dp``; with a range, the multiple of ``dp`` nearest that in the range.
+
+    >>> batch_sizes(96, 16, 4, None), batch_sizes(96, 16, 4, (64, 128))
+    ([], [4])
+    """
     want = batch_tokens // seq
     if rng is None:
         return [want] if want % dp == 0 else []
