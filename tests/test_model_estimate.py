@@ -116,16 +116,26 @@ def test_the_sizing_trap_is_closed() -> None:
     assert "does not fit" in est.summary() and "optimizer" in est.memory_line().splitlines()[1]
 
 
+def test_time_only_skips_the_memory_and_says_so() -> None:
+    cfg, plan = TINY.scaled(layers=6), "dp=2,pp=2,microbatches=4"
+    quick = estimate_model(cfg, plan, "h100", batch_tokens=8 * SEQ, seq=SEQ, memory=False)
+    full = estimate_model(cfg, plan, "h100", batch_tokens=8 * SEQ, seq=SEQ)
+    assert quick.step_s == full.step_s and quick.memory == {} and full.memory
+    assert "memory not measured" in quick.summary()
+
+
 # -- placement on GPUs ---------------------------------------------------------------------------
 def test_tensor_parallelism_goes_on_nvlink() -> None:
     est = estimate_model("llama3-8b", "dp=4,pp=2,tp=8", "h100", batch_tokens=8 * 8192)
     assert est.placement is not None
     parts = {a: [p.network for p in ps] for a, ps in est.placement.parts.items()}
     assert parts == {"data": ["scaleout"], "pipe": ["scaleout"], "model": ["nvlink"]}
-    mlp = estimate("dp_pp_tp", Mesh(X=2, Y=8, Z=4), "h100", batch=64 * 1024, d_model=4096, d_ff=16384, layers=4)
-    row_major = estimate("dp_pp_tp", Mesh(X=2, Y=8, Z=4), "h100", batch=64 * 1024, d_model=4096, d_ff=16384,
-                         layers=4, links={"X": "scaleout", "Y": "scaleout", "Z": "nvlink"})  # fmt: skip
-    assert mlp.mfu > row_major.mfu  # TP's AllGathers on NVLink beat the pipeline's sends there
+    # the MLP's dp_pp_tp on Mesh(X, Y, Z): row-major would put the pipeline Z on NVLink, Y across it
+    sizes = {"batch": 64 * 1024, "d_model": 4096, "d_ff": 16384, "layers": 4}
+    mlp = estimate("dp_pp_tp", Mesh(X=2, Y=8, Z=4), "h100", **sizes)
+    tp_on_nvlink = estimate("dp_pp_tp", Mesh(X=2, Y=8, Z=4), "h100", **sizes,
+                            links={"X": "scaleout", "Y": "nvlink", "Z": "scaleout"})  # fmt: skip
+    assert mlp.step_s == tp_on_nvlink.step_s
 
 
 def test_explicit_links_win_and_a_tp_wider_than_a_node_is_said() -> None:
@@ -151,9 +161,28 @@ def test_bad_input_names_the_culprit() -> None:
         estimate_model(TINY, "dp=2,tp=4", "h100", batch_tokens=4 * SEQ, seq=SEQ, chips=16)
     with pytest.raises(ShardsimError, match="no model preset 'llama9'"):
         estimate_model("llama9", "dp=2", "h100", batch_tokens=4 * SEQ)
+    with pytest.raises(ShardsimError, match="no model preset 'llama9'"):  # nor a scheme: the presets' error
+        estimate("llama9", "dp=2", "h100", batch_tokens=4 * SEQ)
     with pytest.raises(ShardsimError, match="does not divide by tp=3"):
         estimate_model(TINY, "tp=3", "h100", batch_tokens=4 * SEQ, seq=SEQ)
     with pytest.raises(ShardsimError, match="fewer than dp=8"):
         estimate_model(TINY, "dp=8", "h100", batch_tokens=4 * SEQ, seq=SEQ)
     with pytest.raises(ShardsimError, match="dp=2 x microbatches=4"):
         estimate_model(TINY, "dp=2,pp=2,microbatches=4", "h100", batch_tokens=6 * SEQ, seq=SEQ)
+
+
+def test_figures_are_worded_as_the_summary_prints_them() -> None:
+    est = estimate_model(TINY.scaled(layers=4), "dp=2,pp=2,microbatches=2", "h100", batch_tokens=4 * SEQ, seq=SEQ)
+    summary = est.summary()
+    assert [q for q, _ in est.figures()][:3] == ["step", "tokens/s", "MFU"]
+    for quantity, value in est.figures():
+        assert value.split()[0] in summary, quantity
+    assert "bubble" in est._repr_html_() and est.breakdown("layer")
+
+
+@pytest.mark.parametrize("policy", ["scaling-book", "bf16"])
+def test_a_byte_policy_is_the_trainer_ledgers(policy: str) -> None:
+    cfg, plan = TINY.scaled(layers=4), Plan(dp=2, tp=2)
+    est = estimate_model(cfg, plan, "h100", batch_tokens=4 * SEQ, seq=SEQ, policy=policy)
+    assert est.memory == model_memory(cfg, plan, batch=4, seq=SEQ, policy=policy, full=True)[0]
+    assert f"byte policy {policy}" in est.memory_source

@@ -48,6 +48,17 @@ def test_the_text_output_has_the_summary_and_the_stage_tracks(capsys) -> None:
     assert re.search(r"^compute pipe0 ", out, re.M) and re.search(r"^comm replica", out, re.M)
 
 
+def test_the_chrome_trace_has_a_track_per_stage(capsys, tmp_path) -> None:
+    path = tmp_path / "model.json"
+    argv = ["estimate", "--model", "llama-tiny", "--plan", "pp=2,microbatches=2", "--hardware", "h100",
+            "--batch-tokens", "64", "--seq", "16", "--chrome-trace", str(path)]  # fmt: skip
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    doc = json.loads(path.read_text())
+    tracks = {e["args"]["name"] for e in doc["traceEvents"] if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    assert {"compute pipe0", "compute pipe1"} <= tracks
+
+
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [

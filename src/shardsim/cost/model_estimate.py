@@ -114,6 +114,12 @@ class ModelEstimate(Estimate):
         p, m, v = self.plan.pp, self.plan.microbatches, self.plan.virtual_stages
         return (p - 1) / (v * m + p - 1) if p > 1 else 0.0
 
+    def memory_line(self) -> str:
+        """The memory lines of :class:`~shardsim.cost.Estimate`, or that it was not measured."""
+        if not self.memory:
+            return "memory not measured (memory=False): fits and shortfall say nothing"
+        return super().memory_line()
+
     def summary(self) -> str:
         """Plan, model, step, tokens/s, MFU and FLOPs, bound, bubble, memory, warnings."""
         assert self.cfg is not None
@@ -224,6 +230,7 @@ def estimate_model(
     overlap: bool = True,
     prefetch: int = 1,
     dtype: str = "bfloat16",
+    memory: bool = True,
 ) -> ModelEstimate:
     """Estimate one training step of ``model`` under ``plan`` on ``hardware`` (module doc).
 
@@ -232,7 +239,9 @@ def estimate_model(
     ``links``/``topology``/``efficiency`` as :func:`~shardsim.cost.estimate` takes them;
     ``optimizer`` and ``precision`` (default: the plan's, else ``dtype``'s), or a byte
     ``policy`` (:mod:`shardsim.training.policies`, naming both), are the training step's whose
-    ledger gives ``memory`` (:func:`shardsim.training.model_memory`).
+    ledger gives ``memory`` (:func:`shardsim.training.model_memory`); ``memory=False`` skips
+    that step (time only, for a search that measures the memory of its best plans afterwards:
+    a deep pipeline's step with every microbatch takes seconds), and the summary says so.
 
     >>> e = estimate_model("llama3-70b", "dp=16,tp=8,pp=4,zero=1,microbatches=8", "h100",
     ...                    chips=512, batch_tokens=128 * 8192)
@@ -273,10 +282,13 @@ def estimate_model(
     )  # fmt: skip
     if policy is None and precision is None:
         precision = resolve_dtype(dtype).name  # the weights' dtype's policy, as the MLP estimate's
-    memory, state = model_memory_ledger(cfg, p, b, s, optimizer, precision, policy)
+    if memory:
+        peak, state = model_memory_ledger(cfg, p, b, s, optimizer, precision, policy)
+    else:
+        peak, state, source = {}, {}, "nothing: memory=False (time only)"
     return ModelEstimate(
         scheme=str(p), hardware=hw, mesh=program.mesh, batch=batch_tokens, d_model=cfg.d_model, d_ff=cfg.d_ff,
-        layers=cfg.layers, dtype=dtype, timeline=tl, memory=memory, phases=tl.phase_totals(), efficiency=eff,
+        layers=cfg.layers, dtype=dtype, timeline=tl, memory=peak, phases=tl.phase_totals(), efficiency=eff,
         memory_source=source, model_state=state, cfg=cfg, plan=p, seq=s, program=program,
         placement=placement, warnings=warnings,
     )  # fmt: skip

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..array import ShapeDtype
+from ..dtypes import resolve_dtype
 from ..errors import DivisibilityError
 from ..mesh import Mesh
 from ..models import TransformerConfig
@@ -122,11 +123,14 @@ def _traced(cfg: TransformerConfig, plan: Plan, batch: int, seq: int, dtype: str
     )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=4096)
 def model_program(
     cfg: TransformerConfig, plan: Plan, batch_tokens: int, seq: int | None = None, dtype: str = "bfloat16"
 ) -> ModelProgram:
     """The program of one training step of ``cfg`` under ``plan`` on ``batch_tokens`` tokens in
-    sequences of ``seq`` (default the model's context); cached (see the module doc)."""
+    sequences of ``seq`` (default the model's context); cached (see the module doc):
+    ``model_program.cache_info()`` and ``cache_clear()`` are the cache's. Treat the program
+    as read-only: every caller with the same arguments gets the same object."""
     b, s = check_batch(cfg, plan, batch_tokens, seq)
     if plan.pp > 1 and cfg.layers % (plan.pp * plan.virtual_stages):
         raise DivisibilityError(
@@ -134,7 +138,7 @@ def model_program(
             + (f" x virtual_stages={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
             + f"; choose pp x virtual_stages dividing {cfg.layers}"
         )
-    return _program(cfg, plan, b, s, str(np.dtype(dtype)) if dtype != "bfloat16" else dtype)
+    return _program(cfg, plan, b, s, resolve_dtype(dtype).name)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -55,8 +55,10 @@ from ..models.inputs import check_params
 from ..tracing import phase, trace
 from .optim import Optimizer
 from .precision import Precision
+from .scaling import ScaleState
 from .trainer import (
     MODEL_STATE,
+    Checkpointed,
     StepResult,
     _optimizer,
     _owned,
@@ -71,7 +73,7 @@ if TYPE_CHECKING:
     from ..plan import Plan
 
 
-class ModelTrainer:
+class ModelTrainer(Checkpointed):
     """A transformer's sharded weights and optimizer state under a plan, trained step by step.
 
     Build it with :meth:`Trainer.for_model <shardsim.training.Trainer.for_model>`; see the
@@ -80,7 +82,8 @@ class ModelTrainer:
     ``precision`` is a :class:`Precision` or a name (``fp32``, ``fp64``, ``bf16``), by
     default the plan's, else the params' own dtype; ``reduce_dtype`` the dtype gradients
     are summed over the data axis in. ``dropout_seed`` turns on the config's dropout with
-    the reference's masks.
+    the reference's masks. :meth:`state` and :meth:`restore` checkpoint it as the MLP
+    trainer's do (``{"params": {key: ...}, "master": ..., "moments": {slot: ...}, "step": ...}``).
 
     >>> import shardsim
     >>> from shardsim.models import get
@@ -117,7 +120,7 @@ class ModelTrainer:
             raise PlanError(f"Trainer.for_model needs a shardsim.Mesh (e.g. plan.mesh()), got {type(mesh).__name__}")
         checks.check_plan(plan, mesh)
         check_params(cfg, params)
-        checks.check_model(cfg, plan, cfg.seq)
+        checks.check_model(cfg, plan.replace(sp=False, cp=1), cfg.seq)  # the widths; each step checks its sequence
         if plan.pp > 1:
             checks.check_pipeline(cfg, plan, plan.dp * plan.microbatches)
         self.cfg, self.plan, self.mesh = cfg, plan, mesh
@@ -153,6 +156,7 @@ class ModelTrainer:
                 self.moments[k][slot] = v.named(f"{slot}.{k}")
         del zeros
         self.step_count = 0
+        self.scale = ScaleState(1.0)  # no loss scaling: the checkpoint's counters are the MLP trainer's
 
     @property
     def master_dtype(self) -> np.dtype:
@@ -247,6 +251,21 @@ class ModelTrainer:
         return entries
 
     # -- reading the state -----------------------------------------------------------------
+    @property
+    def _name(self) -> str:
+        return f"transformer ({self.plan})"
+
+    def _state_slots(self) -> list[tuple[tuple[str, ...], dict[str, Any], str]]:
+        """Where each value of :meth:`state` lives: its path, the dict holding it, and its key there."""
+        slots: list[tuple[tuple[str, ...], dict[str, Any], str]] = []
+        for k in self.params:
+            slots.append((("params", k), self.params, k))
+            if self.precision.mixed:
+                slots.append((("master", k), self.master, k))
+            for slot in self.optimizer.slots:
+                slots.append((("moments", slot, k), self.moments[k], slot))
+        return slots
+
     def params_global(self) -> dict[str, np.ndarray]:
         """The optimizer's weights as global arrays (the float32 masters in mixed precision)."""
         held = self.master if self.precision.mixed else self.params
