@@ -57,6 +57,7 @@ from .dtypes import resolve_dtype, tolerance
 from .errors import CommandLineError, MeshAxisError, ShardsimError
 from .mesh import Mesh
 from .pictures import chip_lines, step_labels
+from .planner import cli as planner_cli
 from .strategies import StrategyResult
 from .strategies.base import ROLE_DEFAULTS
 from .strategies.runner import run as run_scheme
@@ -810,3 +811,8 @@ for _name, _help, _configure, _run in (
     ("critical", "the per-chip batch above which a scheme is compute-bound", "add_critical_arguments", "cli_critical"),
 ):
     subcommand(_name, _help, configure=getattr(cost_cli, _configure))(getattr(cost_cli, _run))
+subcommand(
+    "plan",
+    "the fastest plans of a model on a cluster that fit, ranked and explained",
+    configure=planner_cli.add_plan_arguments,
+)(planner_cli.cli_plan)

@@ -105,6 +105,12 @@ class PlanError(ShardingError):
     mesh axis, a plan that does not fit its mesh, or a combination ``run_model`` does not run."""
 
 
+class PlannerError(ShardsimError, ValueError):
+    """A plan search that cannot answer: constraints that contradict one another, a chip count
+    the hardware cannot form, or a model that fits under no plan (the message gives the
+    smallest shortfall and what would close it)."""
+
+
 class ModelInputError(ShardingError):
     """Tokens or targets that do not fit the model under a plan: not ``[B, S]`` integers, outside
     the vocabulary, or longer than ``cfg.seq``."""
@@ -130,6 +136,7 @@ __all__ = [
     "OutOfMemoryError",
     "PartialSumError",
     "PlanError",
+    "PlannerError",
     "ShapeError",
     "ShapeOnlyError",
     "ShardingError",

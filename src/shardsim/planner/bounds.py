@@ -1,0 +1,157 @@
+"""Cheap lower bounds on a candidate's memory and step time, to prune before tracing.
+
+A bound only ever rejects: a candidate whose *lower bound* of memory exceeds the chip, or
+whose lower bound of time per token is slower than the best plan found so far by more than
+the search's window, cannot be in the answer, so it is not traced. The numbers of every
+plan that survives come from its traced program (:mod:`.program`), never from here.
+
+Memory: the weights, gradients and optimizer state of the layers on the busiest stage,
+counted at the fewest bytes any plan stores them (16-bit weights and gradients, ``K = 12``
+bytes of fp32 master weights and Adam moments, each divided by ``dp`` where the ZeRO stage
+shards it; the ZeRO paper's ``(2 + 2 + K)Ψ``), plus the block inputs every recomputation
+policy keeps for each microbatch chunk the first stage holds at once, at least ``min(m, p)``
+under GPipe, 1F1B and the interleaved schedule alike. Embeddings, norms and every other
+activation only add to it.
+
+Time: the matmul FLOPs of the busiest stage's layers (``6Ψ`` per token, ``8Ψ`` under full
+recomputation; attention only adds) at the chip's best matmul rate, stretched by the
+pipeline's bubble ``(m + (p - 1)/v) / m``.
+
+>>> from shardsim.models import get
+>>> from shardsim.plan import Plan
+>>> from shardsim.cost import get_hardware
+>>> from .space import Candidate
+>>> cfg, hw = get("llama3-8b"), get_hardware("h100")
+>>> memory_bound(cfg, Candidate(Plan(dp=8), micro=1, batch=8), seq=8192) > 80e9  # DDP: 16 bytes x 7B
+True
+>>> memory_bound(cfg, Candidate(Plan(dp=8, zero=3), micro=1, batch=8), seq=8192) < 80e9
+True
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from ..cost.efficiency import Efficiency
+from ..cost.hardware import Hardware
+from ..models import TransformerConfig
+from ..pipeline.schedule import Schedule, make
+from .space import Candidate, stage_layers
+
+OPTIMIZER_BYTES = 12  # fp32 master weights + Adam's two moments per parameter (ZeRO paper, K = 12)
+
+
+@functools.lru_cache(maxsize=64)
+def layer_matmul_params(model: TransformerConfig) -> int:
+    """Ψ of one layer's matmul weights (the 2-D ones): what ``6Ψ`` FLOPs per token counts.
+
+    >>> from shardsim.models import get
+    >>> layer_matmul_params(get("llama3-405b"))  # 4 attention + 3 MLP matrices
+    3187671040
+    """
+    shapes = model.scaled(layers=1).param_shapes()
+    return sum(math.prod(s) for k, s in shapes.items() if k.startswith("layers.") and len(s) == 2)
+
+
+def busiest_stage_layers(model: TransformerConfig, c: Candidate) -> int:
+    """Layers the busiest pipeline stage holds (all of them without a pipeline).
+
+    >>> from shardsim.models import get
+    >>> from shardsim.plan import Plan
+    >>> busiest_stage_layers(get("llama3-405b"), Candidate(Plan(pp=16, microbatches=16), 1, 16))
+    8
+    """
+    p, v = c.plan.pp, c.plan.virtual_stages
+    if p == 1:
+        return model.layers
+    per = stage_layers(model.layers, p * v)
+    assert per is not None
+    return per * v
+
+
+def in_flight(c: Candidate) -> int:
+    """Microbatch chunks the first stage holds at once, from the schedule itself (1 without a pipeline).
+
+    >>> from shardsim.plan import Plan
+    >>> p = Plan(pp=4, microbatches=8)
+    >>> in_flight(Candidate(p, 1, 8)), in_flight(Candidate(p.replace(schedule="gpipe"), 1, 8))
+    (4, 8)
+    """
+    p = c.plan
+    if p.pp == 1:
+        return 1
+    return _peak_in_flight(p.schedule, p.pp, p.microbatches, p.virtual_stages)
+
+
+_SCHEDULES: dict[tuple[str, int, int, int], Schedule] = {}
+_IN_FLIGHT: dict[tuple[str, int, int, int], int] = {}
+
+
+def schedule_of(name: str, p: int, m: int, v: int) -> Schedule:
+    """The pipeline schedule (:func:`shardsim.pipeline.schedule.make`), built once per shape."""
+    key = (name, p, m, v)
+    if key not in _SCHEDULES:
+        _SCHEDULES[key] = make(name, p, m, v)
+    return _SCHEDULES[key]
+
+
+def _peak_in_flight(schedule: str, p: int, m: int, v: int) -> int:
+    key = (schedule, p, m, v)
+    if key not in _IN_FLIGHT:
+        _IN_FLIGHT[key] = max(schedule_of(schedule, p, m, v).peak_in_flight())
+    return _IN_FLIGHT[key]
+
+
+def memory_bound(model: TransformerConfig, c: Candidate, *, seq: int) -> float:
+    """Bytes per chip no plan of this shape can store less than (module doc)."""
+    p = c.plan
+    psi = layer_matmul_params(model) * busiest_stage_layers(model, c) / p.tp
+    d = p.dp
+    weights = 2 / (d if p.zero >= 3 else 1)
+    grads = 2 / (d if p.zero >= 2 else 1)
+    opt = OPTIMIZER_BYTES / (d if p.zero >= 1 else 1)
+    chunk = busiest_stage_layers(model, c) // p.virtual_stages
+    block_input = 2 * c.micro * seq * model.d_model / (p.cp * (p.tp if p.sp else 1))
+    held = min(p.microbatches, p.pp)  # the first stage holds at least this many chunks under every schedule
+    return psi * (weights + grads + opt) + held * chunk * block_input
+
+
+def time_bound(model: TransformerConfig, c: Candidate, hw: Hardware, eff: Efficiency, *, seq: int) -> float:
+    """Seconds no plan of this shape can take less than for one step (module doc).
+
+    >>> from shardsim.models import get
+    >>> from shardsim.plan import Plan
+    >>> from shardsim.cost import get_hardware
+    >>> from shardsim.cost.efficiency import IDEAL
+    >>> c = Candidate(Plan(dp=8), micro=1, batch=8)
+    >>> t = time_bound(get("llama3-8b"), c, get_hardware("h100"), IDEAL, seq=8192)
+    >>> round(t * 9.9e14 / (6 * 32 * layer_matmul_params(get("llama3-8b")) * 8192), 6)  # 6 Psi T at peak
+    1.0
+    """
+    p = c.plan
+    per_token = (8 if p.recompute == "full" else 6) * layer_matmul_params(model) / p.tp
+    tokens = c.micro * seq / p.cp  # per chip per microbatch
+    flops = per_token * tokens * busiest_stage_layers(model, c) * p.microbatches
+    m = eff.matmul
+    rate = hw.flops("bfloat16") * (1.0 if m is None else max(m.peak_fraction, m.by_dtype.get("bfloat16", 0.0)))
+    bubble = (p.microbatches + (p.pp - 1) / p.virtual_stages) / p.microbatches
+    return flops / rate * bubble
+
+
+def stage_bound(model: TransformerConfig, c: Candidate, per_layer_s: float, sync_s: float) -> float:
+    """A lower bound of a step once its layer is traced: the schedule can do no better than
+    ``(m + (p - 1)/v)`` microbatches of its lightest stage's layers (``per_layer_s`` each,
+    forward and backward), then, with a pipeline, that stage's gradient reduction after the
+    flush (``sync_s`` a layer; without one it overlaps the last backward and is not counted).
+
+    >>> from shardsim.models import get
+    >>> from shardsim.plan import Plan
+    >>> stage_bound(get("gpt-tiny"), Candidate(Plan(pp=1, microbatches=4), 1, 4), 1.0, 0.5)
+    8.0
+    """
+    p = c.plan
+    if p.pp == 1:
+        return p.microbatches * model.layers * per_layer_s
+    n = busiest_stage_layers(model, c) - 2
+    return (p.microbatches + (p.pp - 1) / p.virtual_stages) * n * per_layer_s + n * sync_s

@@ -1,0 +1,104 @@
+"""``shardsim plan``: the planner on the command line.
+
+The options are :func:`~shardsim.planner.plan`'s: ``--model`` (a preset), ``--hardware``,
+``--chips``, ``--batch-tokens`` (``16M`` is 16 x 2**20 tokens, as Llama 3 counts its 16M
+batch; ``K`` and ``G`` alike), ``--seq``, ``--fix tp=8,pp=16`` (plan fields held fixed),
+``--allow dp,zero,tp,sp,pp`` (the parallelisms that may be used), ``--headroom``,
+``--efficiency``, ``--window``, ``--top``; ``--json`` prints every figure. A counter runs on
+stderr while it searches, when stderr is a terminal. Errors are one line (exit code 2).
+
+>>> import argparse
+>>> p = argparse.ArgumentParser()
+>>> add_plan_arguments(p)
+>>> cli_plan(p.parse_args(["--model", "gpt-tiny", "--hardware", "h100", "--chips", "2",
+...                        "--batch-tokens", "64", "--seq", "16", "--fix", "zero=0,recompute=none", "--top", "1"]))
+... # doctest: +ELLIPSIS
+gpt-tiny on 2 h100, 64 tokens per step (4 x 16): ...
+#  plan ...
+1  ...
+...
+0
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .._cli_args import count
+from .._options import key_values
+from ..errors import CommandLineError
+from ..models.presets import names as model_names
+from .search import plan
+from .space import FIXABLE, PARALLELISMS
+
+SUFFIX = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def token_count(text: str) -> int:
+    """An argparse type: tokens, a whole number or one with a binary suffix (``16M`` = 16 x 2**20).
+
+    >>> token_count("16M"), token_count("4096")
+    (16777216, 4096)
+    """
+    t = text.strip().upper()
+    scale = SUFFIX.get(t[-1:], 1)
+    digits = t[:-1] if scale > 1 else t
+    try:
+        n = int(digits) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected tokens such as 4096 or 16M, got {text!r}") from None
+    if not 1 <= n <= 2**40:
+        raise argparse.ArgumentTypeError(f"expected tokens from 1 to 2**40, got {n}")
+    return n
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``shardsim plan``."""
+    parser.add_argument("--model", required=True, help=f"a model preset ({', '.join(model_names()[:4])}, ...)")
+    parser.add_argument("--hardware", default="h100", help="a hardware preset (default h100)")
+    parser.add_argument("--chips", type=count("cost_chips"), required=True, help="chips in the cluster")
+    parser.add_argument("--batch-tokens", type=token_count, required=True, help="global batch in tokens (e.g. 16M)")
+    parser.add_argument("--seq", type=count("batch"), help="sequence length (default the model's)")
+    parser.add_argument("--fix", type=key_values, default={}, help="plan fields held fixed, e.g. tp=8,pp=16,zero=1")
+    parser.add_argument("--allow", help=f"parallelisms that may be used (default {','.join(PARALLELISMS)})")
+    parser.add_argument("--headroom", type=float, default=0.0, help="fraction of each chip's memory left free")
+    parser.add_argument("--efficiency", choices=("ideal", "calibrated"), default="calibrated")
+    parser.add_argument("--window", type=float, default=0.15, help="keep plans within this fraction of the best")
+    parser.add_argument("--top", type=count("columns"), default=10, help="rows to print (default 10)")
+    parser.add_argument("--json", action="store_true", help="print every figure as JSON")
+
+
+def cli_plan(args: argparse.Namespace) -> int:
+    """Run ``shardsim plan``: the ranked table, why the best wins, the rejected families."""
+    options: dict[str, Any] = {k: _value(k, v) for k, v in args.fix.items()}
+    if args.allow:
+        options["allow"] = tuple(a.strip() for a in args.allow.split(",") if a.strip())
+    table = plan(
+        args.model, args.hardware, args.chips, args.batch_tokens, args.seq, efficiency=args.efficiency,
+        window=args.window, headroom=args.headroom, **options,
+    )  # fmt: skip
+    if args.json:
+        print(table.to_json(args.top))
+    else:
+        print(table.text(args.top))
+    return 0
+
+
+def _value(key: str, text: str) -> Any:
+    """A ``--fix`` value: whole numbers for degrees, on/off for ``sp``, words for the rest."""
+    if key not in FIXABLE:
+        raise CommandLineError(f"--fix {key}: not a plan field the planner fixes; use one of {', '.join(FIXABLE)}")
+    if key in ("schedule", "recompute"):
+        return text
+    if key == "sp":
+        if text.lower() not in ("true", "false", "1", "0", "on", "off"):
+            raise CommandLineError(f"--fix sp={text}: sequence parallelism is on or off (sp=true, sp=false)")
+        return text.lower() in ("true", "1", "on")
+    try:
+        return int(text)
+    except ValueError:
+        raise CommandLineError(f"--fix {key}={text}: expected a whole number") from None
+
+
+__all__ = ["add_plan_arguments", "cli_plan", "token_count"]

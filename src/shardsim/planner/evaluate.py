@@ -1,0 +1,259 @@
+"""One candidate's step: time, memory by category and what binds, from its traced layer program.
+
+The step is assembled from the layer program's measured pieces (:class:`~.program.Layer`):
+
+- without a pipeline: ``m`` microbatches one after another (gradient accumulation), the
+  last one's backward overlapping the gradient reduction over the data axis as DDP's
+  buckets do, so ``step = (m - 1)(t_f + t_b) + t_f + t_b,fused``;
+- with a pipeline: the plan's own schedule (:mod:`shardsim.pipeline.schedule`) run on a
+  clock whose items last what the traced layers take (the busiest stage's layers, the head
+  on the last virtual stage, one traced stage-to-stage send each), then the busiest stage's
+  gradient reduction after the flush, exposed as in Megatron.
+
+Memory per chip by category is the ledger's: each category's peak at one and two layers,
+extended to the busiest stage's layers, plus the activations the schedule stashes for the
+microbatches in flight; ``optimizer`` is the mixed-precision Adam state (fp32 master
+weights and moments, 12 bytes per stored parameter, sharded over the data axis from ZeRO-1
+on), the ZeRO paper's ``K = 12``.
+
+>>> from shardsim.models import get
+>>> from shardsim.plan import Plan
+>>> from .program import LayerCache
+>>> from .space import Candidate
+>>> cache = LayerCache(get("gpt-tiny"), "h100", seq=16)
+>>> est = evaluate(cache, Candidate(Plan(dp=2, tp=2), micro=2, batch=4))
+>>> est.step_s > 0, sorted(est.memory)
+(True, ['activations', 'grads', 'optimizer', 'params', 'total'])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..cost.timeline import Timeline
+from ..pipeline.schedule import Item, Schedule, _needs
+from ..plan import Plan
+from .bounds import OPTIMIZER_BYTES, busiest_stage_layers, in_flight, schedule_of
+from .program import Layer, LayerCache
+from .space import Candidate, stage_layers
+
+
+@dataclass
+class PlanEstimate:
+    """A candidate's estimated step. Seconds; bytes per chip (the busiest chip).
+
+    ``parts`` splits the step: ``compute`` (the busiest stage's work: matmuls and the
+    communication they wait on), ``bubble`` (pipeline idle time), ``sync`` (the exposed
+    gradient reduction); ``comm_exposed`` the part of ``compute`` spent waiting on each mesh
+    axis's collectives. ``capacity`` is the usable HBM (after the headroom).
+    """
+
+    candidate: Candidate
+    step_s: float
+    tokens: int
+    memory: dict[str, int]
+    capacity: float
+    hbm: float
+    parts: dict[str, float]
+    comm_exposed: dict[str, float]
+    model_flops: float
+    peak_flops: float
+    chips: int
+    timeline: Timeline
+    networks: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def plan(self) -> Plan:
+        return self.candidate.plan
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.step_s
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs (6 N T plus attention, from the trace's own matmuls) over chips x peak x step."""
+        return self.model_flops / (self.chips * self.peak_flops * self.step_s)
+
+    @property
+    def fits(self) -> bool:
+        return self.memory["total"] <= self.capacity
+
+    @property
+    def shortfall(self) -> float:
+        """Bytes per chip beyond the usable memory (0 when it fits)."""
+        return max(0.0, self.memory["total"] - self.capacity)
+
+    @property
+    def headroom(self) -> float:
+        """Bytes per chip left free of the whole HBM."""
+        return self.hbm - self.memory["total"]
+
+    @property
+    def bound(self) -> str:
+        """What binds the step: ``compute``, ``bubble``, ``sync`` (the data axis's gradient
+        reduction) or ``comm <axis> (<network>)``: the largest of the step's parts, the
+        communication compute waits on counted apart from compute."""
+        terms = {"compute": self.parts["compute"] - sum(self.comm_exposed.values())}
+        terms["bubble"] = self.parts["bubble"]
+        terms[f"sync data ({self.networks.get('data', '?')})"] = self.parts["sync"]
+        for axis, s in self.comm_exposed.items():
+            terms[f"comm {axis} ({self.networks.get(axis, '?')})"] = s
+        name = max(terms, key=lambda k: terms[k])
+        return name if self.headroom > 0.05 * self.hbm else f"{name}, memory nearly full"
+
+    def row(self) -> dict[str, Any]:
+        """The figures as plain values (the JSON and the table read these)."""
+        return {
+            "plan": str(self.plan),
+            "micro": self.candidate.micro,
+            "order": list(self.candidate.order),
+            "step_s": self.step_s,
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu,
+            "memory": dict(self.memory),
+            "headroom": self.headroom,
+            "fits": self.fits,
+            "bound": self.bound,
+            "parts": dict(self.parts),
+            "comm_exposed": dict(self.comm_exposed),
+        }
+
+
+def optimizer_bytes(plan: Plan, stored_params: int) -> int:
+    """Mixed-precision Adam's state for the parameters a chip stores: ``K = 12`` bytes per
+    16-bit parameter, over the data axis from ZeRO-1 on (ZeRO-3's stored weights already are).
+
+    >>> optimizer_bytes(Plan(dp=4), 2_000), optimizer_bytes(Plan(dp=4, zero=1), 2_000)
+    (12000, 3000)
+    """
+    elems = stored_params // 2
+    return int(OPTIMIZER_BYTES * elems // (plan.dp if plan.zero in (1, 2) else 1))
+
+
+def evaluate(cache: LayerCache, c: Candidate, *, headroom: float = 0.0) -> PlanEstimate:
+    """The candidate's :class:`PlanEstimate` (module doc)."""
+    model, plan = cache.model, c.plan
+    lay = cache.layer(plan, c.micro, c.order)
+    n = busiest_stage_layers(model, c)
+    per, edge = lay.per_layer, lay.edge
+    m = plan.microbatches
+    if plan.pp == 1:
+        work = n * (per.fwd + per.bwd) + edge.fwd + edge.bwd
+        last = n * (per.fwd + per.fused) + edge.fwd + edge.fused
+        step = (m - 1) * work + last
+        parts = {"compute": m * work, "bubble": 0.0, "sync": last - work}
+    else:
+        span, busy = _pipeline(cache, lay, c)
+        sync = n * per.sync + edge.sync
+        step = span + sync
+        parts = {"compute": busy, "bubble": span - busy, "sync": sync}
+    exposed = _exposed(lay, parts["compute"], n, m, plan)
+    mem = _memory(lay, c, n)
+    pl, _ = cache.placement(plan, c.order)
+    nets = {a: pl.route(a).describe() for a in pl.axis_sizes if pl.axis_sizes[a] > 1}
+    hbm = float(cache.hw.hbm_capacity)
+    layer_flops = lay.flops[1] - lay.flops[0]
+    model_flops = (model.layers * layer_flops + (lay.flops[0] - layer_flops)) * m * plan.chips / plan.pp
+    return PlanEstimate(
+        c, step, c.tokens(cache.seq), mem, hbm * (1 - headroom), hbm, parts, exposed, model_flops,
+        cache.hw.flops("bfloat16"), plan.chips, lay.timeline, nets,
+    )  # fmt: skip
+
+
+def _memory(lay: Layer, c: Candidate, n: int) -> dict[str, int]:
+    chunks = in_flight(c)
+    per_chunk = n // c.plan.virtual_stages
+    extra = max(0, chunks * per_chunk - n) * lay.stored  # microbatches the schedule stashes beyond the first
+    mem = {k: lay.bytes_at(k, n) for k in ("params", "grads", "activations")}
+    mem["activations"] += extra
+    mem["optimizer"] = optimizer_bytes(c.plan, lay.bytes_at("stored params", n))
+    mem["total"] = lay.bytes_at("total", n) + extra + mem["optimizer"]
+    return mem
+
+
+def model_state(cache: LayerCache, c: Candidate) -> dict[str, int]:
+    """Bytes per chip of the model state between the backward pass and the update: the weights
+    as stored, the gradients as reduced, the optimizer state (the ZeRO paper's per-device
+    figures, which leave out activations and the transient gathered weights).
+
+    >>> from shardsim.models import get
+    >>> cache = LayerCache(get("gpt-tiny"), "h100", seq=16)
+    >>> s = model_state(cache, Candidate(Plan(dp=2, zero=3), micro=1, batch=2))
+    >>> s["optimizer"] == 6 * s["params"]  # 12 bytes of Adam state per 2-byte weight
+    True
+    """
+    lay = cache.layer(c.plan, c.micro, c.order)
+    n = busiest_stage_layers(cache.model, c)
+    stored = lay.bytes_at("stored params", n)
+    state = {"params": stored, "grads": lay.bytes_at("reduced grads", n), "optimizer": optimizer_bytes(c.plan, stored)}
+    state["total"] = sum(state.values())
+    return state
+
+
+def _exposed(lay: Layer, compute: float, n: int, m: int, plan: Plan) -> dict[str, float]:
+    """Seconds of the busiest stage's work spent waiting on each mesh axis (the layer time
+    line's exposed share of each stream, scaled to the stage's work)."""
+    tl = lay.timeline
+    out: dict[str, float] = {}
+    for b in tl.bars:
+        if b.is_compute or b.op == "ppermute":
+            continue
+        if b.phase == "backward" and "data" in b.axes and b.label.startswith("d") and b.op != "all_gather":
+            continue  # the gradient reduction: counted as sync
+        for a in b.axes:
+            out[a] = out.get(a, 0.0) + b.exposed / len(b.axes)
+    busy = sum(b.seconds for b in tl.bars if b.is_compute) + sum(out.values())
+    scale = compute / busy if busy > 0 else 0.0
+    return {a: s * scale for a, s in out.items() if s > 0}
+
+
+def _pipeline(cache: LayerCache, lay: Layer, c: Candidate) -> tuple[float, float]:
+    """The schedule's span on the traced durations, and the busiest stage's busy time."""
+    plan, model = c.plan, cache.model
+    p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
+    sched = schedule_of(plan.schedule, p, m, v)
+    per_v = stage_layers(model.layers, p * v)
+    assert per_v is not None
+    short = per_v * p * v - model.layers  # the first and last virtual stage hold one layer less each
+    send = cache.p2p(plan, c.micro, c.order)
+    last = p * v - 1
+    per, edge = lay.per_layer, lay.edge
+
+    def layers_on(k: int) -> int:
+        return per_v - (1 if (k == 0 and short == 2) or (k == last and short >= 1) else 0)
+
+    def duration(it: Item) -> float:
+        k = sched.virtual_stage(it)
+        t = layers_on(k) * (per.fwd if it.kind == "F" else per.bwd)
+        if k == last:
+            t += edge.fwd if it.kind == "F" else edge.bwd
+        return t + (send if (it.kind == "F" and k < last) or (it.kind == "B" and k > 0) else 0.0)
+
+    return clock(sched, duration)
+
+
+def clock(sched: Schedule, duration: Callable[[Item], float]) -> tuple[float, float]:
+    """The span of ``sched`` when each item lasts ``duration(item)``, and the busiest stage's
+    busy time: :meth:`~shardsim.pipeline.schedule.Schedule.timeline`'s clock in one pass, since
+    the schedule's unit-time order already has every item after what it waits for.
+
+    >>> from shardsim.pipeline.schedule import one_f_one_b
+    >>> s = one_f_one_b(stages=3, microbatches=4)
+    >>> f = lambda it: 1.0 if it.kind == "F" else 2.0
+    >>> clock(s, f)[0] == max(t.end for t in s.timeline(f))
+    True
+    """
+    p, virtual = sched.stages, sched.stages * sched.chunks
+    done: dict[tuple[int, str, int, int], float] = {}
+    free = [0.0] * p
+    busy = [0.0] * p
+    for it in sched.items:
+        need = _needs(it, p, virtual)
+        start = max(free[it.stage], done[need] if need is not None else 0.0)
+        d = duration(it)
+        done[it.key] = free[it.stage] = start + d
+        busy[it.stage] += d
+    return max(free), max(busy)

@@ -1,0 +1,308 @@
+"""The traced layer program: one shape-only ``run_model`` per distinct layer sharding, costed once.
+
+A plan's step is its layers' step repeated, plus the embedding and the LM head. So the
+planner traces the model at one layer and at two layers under the plan's layer sharding
+(data, ZeRO stage, tensor, sequence and context parallelism, recomputation, the microbatch)
+and reads every quantity as the difference of the two runs (one layer) and the remainder
+(the embedding and head): times from the time line of the trace (:mod:`shardsim.cost.timeline`,
+on the plan's own placement), bytes from the mesh's ledger. Plans that share a layer sharding
+(the same layer at a different pipeline depth, schedule or placement) share the trace;
+:class:`LayerCache` holds them.
+
+The gradient reductions over the data axis are kept apart (``sync``): they run once per step
+(after the last microbatch; with a pipeline, after the flush), the rest once per microbatch.
+
+>>> from shardsim.models import get
+>>> from shardsim.plan import Plan
+>>> cache = LayerCache(get("gpt-tiny"), "h100", seq=16)
+>>> lay = cache.layer(Plan(dp=2, tp=2), micro=2)
+>>> lay.per_layer.fwd > 0 and lay.per_layer.bwd > 0, lay.stored > 0
+(True, True)
+>>> _ = cache.layer(Plan(dp=4, tp=2, pp=2), micro=2)  # another depth and degree, the same layer program
+>>> cache.traced
+1
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..array import ShapeDtype, shard
+from ..collectives import ppermute
+from ..cost.efficiency import Efficiency, resolve_efficiency
+from ..cost.hardware import Hardware
+from ..cost.placement import AxisLink, Placement, place
+from ..cost.presets import get_hardware
+from ..cost.program import program_steps, trace_steps
+from ..cost.timeline import Timeline, build_timeline
+from ..mesh import Mesh
+from ..models import TransformerConfig
+from ..plan import Plan
+from ..tracing import Event, trace
+
+
+@dataclass(frozen=True)
+class Times:
+    """Seconds of one microbatch's forward and backward (recomputation included), and of the
+    step's gradient reduction over the data axis (``sync``) when it runs alone, and when it
+    overlaps the backward pass of the last microbatch (``fused``: that backward with it)."""
+
+    fwd: float
+    bwd: float
+    sync: float
+    fused: float
+
+    def __sub__(self, other: Times) -> Times:
+        return Times(self.fwd - other.fwd, self.bwd - other.bwd, self.sync - other.sync, self.fused - other.fused)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """What the planner reads off a layer sharding's two traces (see the module doc).
+
+    ``per_layer``/``edge``: :class:`Times` of one layer and of the embedding with the head;
+    ``peak1``/``peak2``: each category's per-chip peak bytes at one and two layers (and
+    ``"total"``); ``stored``: bytes one layer keeps for the backward pass per microbatch;
+    ``flops``: one microbatch's model FLOPs per chip at one and two layers (the forward and
+    backward matmuls, recomputation left out, as MFU counts them); ``timeline``:
+    the two-layer program's time line (the picture of the layer's step); ``stored_params``
+    the weights' bytes a chip keeps between steps, as the plan's layouts store them.
+    """
+
+    per_layer: Times
+    edge: Times
+    peak1: dict[str, int]
+    peak2: dict[str, int]
+    stored: int
+    flops: tuple[int, int]
+    timeline: Timeline
+    stored_params: tuple[int, int]  # weights a chip stores between steps, at one and two layers
+    reduced_grads: tuple[int, int]  # gradients a chip holds once reduced, at one and two layers
+
+    def bytes_at(self, category: str, layers: int) -> int:
+        """The category's per-chip peak with ``layers`` layers, extended from the two traces
+        (``"stored params"``: the weights kept between steps; ``"reduced grads"``: the gradients
+        once reduced, as the update reads them)."""
+        if category == "stored params":
+            a, b = self.stored_params
+        elif category == "reduced grads":
+            a, b = self.reduced_grads
+        else:
+            a, b = self.peak1.get(category, 0), self.peak2.get(category, 0)
+        return int(a + (layers - 1) * (b - a))
+
+
+@dataclass(frozen=True)
+class _Run:
+    events: list[Event]
+    peak: dict[str, int]
+    stored: int
+    flops: int
+    params: int
+    grads: int  # the gradients as the step leaves them (reduced; a ZeRO-2/3 chip's shard)
+
+
+def _stored(cfg: TransformerConfig, lp: Plan) -> int:
+    """Bytes of weights a chip stores between steps under the plan's layouts (its ZeRO-3 shard),
+    the busiest chip's: what the optimizer's state is kept for."""
+    from ..transformer.roles import Roles
+
+    roles, mesh = Roles.of(lp, cfg.n_kv), lp.mesh()
+    total = 0
+    for key, s in cfg.param_shapes().items():
+        w = shard(ShapeDtype(s, "bfloat16"), mesh, roles.weight_layout(key), label=key, category="params")
+        total += w.local_nbytes
+        del w
+    return total
+
+
+def trace_plan(plan: Plan) -> Plan:
+    """The plan a layer is traced under: without its pipeline (one stage, one microbatch) and
+    over two data ranks. The program is the same at every data-parallel degree (each rank
+    runs the same layer on its microbatch); the time line then times its collectives over
+    the data axis on the plan's real placement, as a collective's bytes do not depend on how
+    many chips share it. Under ZeRO 0 and 1 every chip's bytes are the same at any degree;
+    under ZeRO-2 and 3 the planner traces four ranks too and reads the shards' bytes at the
+    plan's degree off the two (a replicated part plus a part split ``1/dp``).
+
+    >>> str(trace_plan(Plan.parse("dp=64,zero=1,tp=2,pp=4,microbatches=8")))
+    'dp=2,tp=2'
+    >>> str(trace_plan(Plan.parse("dp=64,zero=3,tp=2")))
+    'dp=2,zero=3,tp=2'
+    """
+    lp = plan.replace(pp=1, microbatches=1, virtual_stages=1, schedule="1f1b", precision=None)
+    return lp.replace(zero=0 if lp.zero < 2 else lp.zero, dp=min(lp.dp, 2))
+
+
+def _at_dp(two: list[_Run], four: list[_Run], dp: int) -> list[_Run]:
+    """Bytes at ``dp`` data ranks from the runs at 2 and 4: ``q(d) = a + b/d`` through both."""
+
+    def at(q2: int, q4: int) -> int:
+        return round(2 * q4 - q2 + 4 * (q2 - q4) / dp)
+
+    out = []
+    for r2, r4 in zip(two, four):
+        peak = {k: at(r2.peak.get(k, 0), r4.peak.get(k, 0)) for k in r2.peak}
+        out.append(_Run(r2.events, peak, r2.stored, r2.flops, at(r2.params, r4.params), at(r2.grads, r4.grads)))
+    return out
+
+
+def is_sync(e: Event) -> bool:
+    """A gradient's reduction over the data axis (it runs once per step, not per microbatch).
+
+    >>> e = Event(0, "all_reduce", ("data",), "dlayers.0.mlp.w_in", (), "", "backward")
+    >>> is_sync(e), is_sync(Event(1, "all_reduce", ("model",), "Attn out", (), "", "forward"))
+    (True, False)
+    """
+    return (
+        e.phase == "backward"
+        and e.op in ("all_reduce", "reduce_scatter")
+        and e.label.startswith("d")
+        and any(a == "data" for a in e.axes)
+    )
+
+
+class LayerCache:
+    """Traced layer programs by layer sharding, and placements by mesh order, for one model on one hardware.
+
+    ``efficiency`` and ``links`` are :func:`shardsim.cost.estimate`'s; ``seq`` the training
+    sequence length. :attr:`traced` counts the distinct layer shardings traced so far.
+    """
+
+    def __init__(
+        self,
+        model: TransformerConfig,
+        hardware: Hardware | str,
+        *,
+        seq: int,
+        efficiency: str | Efficiency = "calibrated",
+        links: Mapping[str, str | AxisLink] | None = None,
+        topology: str | Sequence[int] | None = None,
+    ) -> None:
+        self.model, self.hw, self.seq = model, get_hardware(hardware), seq
+        self.efficiency, self.links, self.topology = efficiency, links, topology
+        self._layers: dict[tuple[Any, ...], Layer] = {}
+        self._programs: dict[tuple[str, int], list[_Run]] = {}
+        self._placements: dict[tuple[Any, ...], tuple[Placement, Efficiency]] = {}
+        self._p2p: dict[tuple[Any, ...], float] = {}
+        self.traced = 0
+
+    def with_layers(self, layers: int) -> LayerCache:
+        """The same model with ``layers`` layers, sharing this cache's traces: a layer program
+        does not depend on how many layers follow it.
+
+        >>> from shardsim.models import get
+        >>> cache = LayerCache(get("gpt-tiny"), "h100", seq=16)
+        >>> deep = cache.with_layers(64)
+        >>> deep.model.layers, deep._programs is cache._programs
+        (64, True)
+        """
+        other = copy.copy(self)
+        other.model = self.model.scaled(layers=layers)
+        return other
+
+    # -- placement ---------------------------------------------------------------------------
+    def placement(self, plan: Plan, order: Sequence[str] | None = None) -> tuple[Placement, Efficiency]:
+        """The plan's mesh placed on the hardware, its axes outermost-first in ``order`` (the
+        roles, e.g. ``("data", "pipe", "model")``; default the plan's own mesh order)."""
+        mesh = mesh_in_order(plan, order)
+        key = (tuple(mesh.axis_names), mesh.shape)
+        if key not in self._placements:
+            pl = place(self.hw, mesh, self.links, topology=self.topology)
+            self._placements[key] = (pl, resolve_efficiency(self.hw, self.efficiency, pl.networks()))
+        return self._placements[key]
+
+    # -- the layer program -------------------------------------------------------------------
+    def layer(self, plan: Plan, micro: int, order: Sequence[str] | None = None) -> Layer:
+        """The layer program of ``plan`` with ``micro`` sequences per microbatch per data rank,
+        timed on the plan's placement (the trace is shared by every plan with the same program)."""
+        lp = trace_plan(plan)
+        pl, eff = self.placement(plan, order)
+        key = (str(lp), micro, plan.dp, tuple(pl.axis_sizes.items()))
+        if key not in self._layers:
+            runs = self._runs(lp, micro)
+            if lp.zero >= 2 and plan.dp > 2:  # the shards' bytes at the plan's own data-parallel degree
+                runs = _at_dp(runs, self._runs(lp.replace(dp=4), micro), plan.dp)
+            self._layers[key] = self._cost(runs, pl, eff)
+        return self._layers[key]
+
+    def _runs(self, lp: Plan, micro: int) -> list[_Run]:
+        if (str(lp), micro) not in self._programs:
+            self._programs[(str(lp), micro)] = self._trace(lp, micro)
+        return self._programs[(str(lp), micro)]
+
+    def _trace(self, lp: Plan, micro: int) -> list[_Run]:
+        """The two shape-only runs (one layer, two layers) of the layer program."""
+        from ..transformer.run import run_model
+
+        self.traced += 1
+        runs = []
+        for layers in (1, 2):
+            cfg = self.model.scaled(layers=layers, seq=max(self.seq, self.model.seq), name="")
+            params = {k: ShapeDtype(s, "bfloat16") for k, s in cfg.param_shapes().items()}
+            tok = ShapeDtype((lp.dp * micro, self.seq), "int32")
+            res = run_model(cfg, lp, lp.mesh(), params, tok, tok)
+            mem = res.memory
+            peak = {c: int(mem.peak(c).max()) for c in mem.categories()}
+            peak["total"] = int(mem.peak().max())
+            events = list(res.trace.events)
+            flops = sum(e.flops for e in events if e.phase != "recompute")
+            grads = sum(g.local_nbytes for g in res.sharded_grads.values())
+            runs.append(_Run(events, peak, int(res.stored[0].max()), flops, _stored(cfg, lp), grads))
+        return runs
+
+    def _cost(self, runs: list[_Run], pl: Placement, eff: Efficiency) -> Layer:
+        (t1, _), (t2, tl) = (self._times(r.events, pl, eff) for r in runs)
+        per = t2 - t1
+        p1, p2 = runs[0].peak, runs[1].peak
+        return Layer(
+            per, t1 - per, p1, p2, runs[0].stored, (runs[0].flops, runs[1].flops), tl,
+            (runs[0].params, runs[1].params), (runs[0].grads, runs[1].grads),
+        )  # fmt: skip
+
+    def _times(self, events: Sequence[Event], pl: Placement, eff: Efficiency) -> tuple[Times, Timeline]:
+        """Two time lines: the microbatch's work alone, and with the gradient reductions (the
+        last microbatch's backward, overlapping them); the forward ends where its last bar does."""
+        work = build_timeline(program_steps([e for e in events if not is_sync(e)]), self.hw, pl, efficiency=eff)
+        whole = build_timeline(program_steps(events), self.hw, pl, efficiency=eff)
+        fwd = max((b.end for b in work.bars if b.phase == "forward"), default=0.0)
+        fwd_whole = max((b.end for b in whole.bars if b.phase == "forward"), default=0.0)
+        sync = sum(b.seconds for b in whole.bars if is_sync(events[b.index]))
+        return Times(fwd, work.step_s - fwd, sync, whole.step_s - fwd_whole), whole
+
+    # -- the pipeline's sends ----------------------------------------------------------------
+    def p2p(self, plan: Plan, micro: int, order: Sequence[str] | None = None) -> float:
+        """Seconds of one stage-to-stage send of a microbatch's activation (a ppermute over
+        the pipe axis of the plan's placed mesh, traced and timed as every collective is)."""
+        if plan.pp == 1:
+            return 0.0
+        pl, eff = self.placement(plan, order)
+        key = (plan.dp, plan.tp, plan.sp, plan.cp, plan.pp, micro, tuple(pl.axis_sizes))
+        if key not in self._p2p:
+            mesh = Mesh(dict(pl.axis_sizes))
+            b = "B_data" if plan.dp > 1 else "B"
+            s = "S_model" if plan.sp else "S"
+            x = shard(ShapeDtype((plan.dp * micro, self.seq, self.model.d_model), "bfloat16"), mesh, f"{b} {s} D")
+            with trace() as t:
+                ppermute(x, "pipe", 1, label="x")
+            self._p2p[key] = build_timeline(trace_steps(t), self.hw, pl, efficiency=eff).step_s
+        return self._p2p[key]
+
+
+def mesh_in_order(plan: Plan, order: Sequence[str] | None = None) -> Mesh:
+    """The plan's mesh with its axes outermost-first in ``order`` (roles; the rest keep their place).
+
+    >>> mesh_in_order(Plan(dp=2, pp=4, tp=2), ("pipe", "data", "model"))
+    Mesh(pipe=4, data=2, model=2)
+    """
+    mesh = plan.mesh()
+    if order is None:
+        return mesh
+    axes = plan.axes()
+    named = [axes[r] for r in order if plan.degree(r) > 1]
+    rest = [a for a in mesh.axis_names if a not in named]
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    return Mesh({a: sizes[a] for a in [*named, *rest]})

@@ -1,0 +1,188 @@
+"""``plan(model, hardware, chips, batch_tokens, seq, **constraints)``: the search itself.
+
+1. Enumerate the plan space the constraints allow (:mod:`.space`).
+2. Reject, untraced, every candidate whose memory *lower bound* exceeds the chip's usable
+   memory (:mod:`.bounds`), and order the rest by their lower bound of time per token.
+3. Walk them in that order: trace each distinct layer sharding once (:mod:`.program`),
+   assemble the candidate's step from it (:mod:`.evaluate`), keep it if its measured memory
+   fits. Stop when the next lower bound is slower than the best kept plan by more than
+   ``window``: no candidate left can come within it, so the table holds every plan that
+   does.
+
+Bounds only prune; every figure in the table comes from a traced program.
+
+>>> from shardsim.models import get
+>>> table = plan(get("gpt-tiny"), "h100", chips=4, batch_tokens=8 * 16, seq=16, zero=0, recompute="none")
+>>> table.best.plan.chips, table.considered >= len(table.rows) > 0
+(4, True)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..cost.efficiency import Efficiency
+from ..cost.hardware import Hardware, Switched, Torus
+from ..cost.placement import AxisLink, place
+from ..cost.presets import get_hardware
+from ..errors import CostModelError, PlannerError, ShardsimError
+from ..mesh import Mesh
+from ..models import TransformerConfig
+from ..models.presets import get as get_model
+from .bounds import memory_bound, stage_bound, time_bound
+from .evaluate import PlanEstimate, evaluate
+from .program import LayerCache
+from .progress import Progress
+from .space import Candidate, Constraints, candidates
+from .table import PlanTable, Rejection
+
+
+def plan(
+    model: TransformerConfig | str,
+    hardware: Hardware | str,
+    chips: int,
+    batch_tokens: int,
+    seq: int | None = None,
+    *,
+    efficiency: str | Efficiency = "calibrated",
+    links: Mapping[str, str | AxisLink] | None = None,
+    topology: str | Sequence[int] | None = None,
+    window: float = 0.15,
+    progress: bool | None = None,
+    **constraints: Any,
+) -> PlanTable:
+    """The plans of ``model`` on ``chips`` chips of ``hardware`` that fit, fastest first.
+
+    ``batch_tokens`` is the global batch in tokens, ``seq`` the sequence length (default the
+    model's). ``constraints`` fix plan fields (``tp=8``, ``pp=16``, ``zero=1``,
+    ``recompute="full"``, ``schedule="interleaved"``...) or limit the space (``allow``,
+    ``headroom``, ``batch_range``, ``micro_range``, ``tp_max``; :class:`~.space.Constraints`).
+    ``window``: the table keeps every plan within this fraction of the best's time per token.
+    ``progress``: a counter on stderr (default: when stderr is a terminal).
+    """
+    t0 = time.perf_counter()
+    cfg = get_model(model) if isinstance(model, str) else model
+    hw = get_hardware(hardware)
+    seq = cfg.seq if seq is None else seq
+    cons = Constraints.of(**constraints)
+    _check_inputs(cfg, hw, chips, batch_tokens, seq, cons, links, topology)
+    cache = LayerCache(cfg, hw, seq=seq, efficiency=efficiency, links=links, topology=topology)
+    domain = _fast_domain(hw, chips)
+    space = list(candidates(cfg, chips=chips, batch_tokens=batch_tokens, seq=seq, domain=domain, constraints=cons))
+    if not space:
+        raise PlannerError(
+            f"no plan of {cfg.name or 'the model'} on {chips} chips satisfies the constraints "
+            f"{_constraint_text(cons, batch_tokens, seq)}; relax a fixed degree, the batch or the microbatch range"
+        )
+    usable = hw.hbm_capacity * (1 - cons.headroom)
+    rejected: list[Rejection] = []
+    ranked: list[tuple[float, Candidate]] = []
+    _, eff = cache.placement(space[0].plan)
+    for c in space:
+        need = memory_bound(cfg, c, seq=seq)
+        if need > usable:
+            rejected.append(Rejection(c, "memory", need - usable, None))
+            continue
+        ranked.append((time_bound(cfg, c, hw, eff, seq=seq) / c.tokens(seq), c))
+    ranked.sort(key=lambda lc: lc[0])
+    bar = Progress(len(space), enabled=progress)
+    kept: list[PlanEstimate] = []
+    best = float("inf")
+    done = len(rejected)
+    seen: set[tuple[str, int, tuple[str, ...]]] = set()
+    for i, (bound, c) in enumerate(ranked):
+        pl, _ = cache.placement(c.plan, c.order)
+        where = (str(c.plan), c.micro, tuple(pl.route(a).describe() for a in pl.axis_sizes))
+        if where in seen:  # another mesh order that puts every axis on the same networks: the same plan
+            continue
+        seen.add(where)
+        if bound >= best * (1 + window):
+            rejected.extend(Rejection(c2, "bound", b2 / best - 1, b2 * c2.tokens(seq)) for b2, c2 in ranked[i:])
+            break
+        try:
+            if c.plan.pp > 1:  # the traced layer bounds the schedule before its clock runs
+                lay = cache.layer(c.plan, c.micro, c.order)
+                per = lay.per_layer
+                lb = stage_bound(cfg, c, per.fwd + per.bwd, per.sync) / c.tokens(seq)
+                if lb >= best * (1 + window):
+                    rejected.append(Rejection(c, "bound", lb / best - 1, lb * c.tokens(seq)))
+                    continue
+            est = evaluate(cache, c, headroom=cons.headroom)
+        except ShardsimError as err:  # a combination the program refuses: say so, never hide it
+            rejected.append(Rejection(c, "refused", 0.0, None, str(err)))
+            continue
+        done += 1
+        if not est.fits:
+            rejected.append(Rejection(c, "oom", est.shortfall, est.step_s))
+        else:
+            kept.append(est)
+            best = min(best, est.step_s / est.tokens)
+        bar.update(considered=done + i, traced=cache.traced, kept=len(kept))
+    bar.update(considered=len(space), traced=cache.traced, kept=len(kept), force=True)
+    bar.close()
+    kept.sort(key=lambda e: (e.step_s / e.tokens, e.memory["total"]))
+    unique: dict[tuple[str, int], PlanEstimate] = {}
+    for e in kept:  # one row per plan and microbatch: its fastest mesh order
+        if e.step_s / e.tokens <= best * (1 + window):
+            unique.setdefault((str(e.plan), e.candidate.micro), e)
+        else:
+            rejected.append(Rejection(e.candidate, "slower", e.step_s / e.tokens / best - 1, e.step_s, e.bound))
+    kept = list(unique.values())
+    table = PlanTable(cfg, hw, chips, batch_tokens, seq, kept, rejected, len(space), cache.traced,
+                      time.perf_counter() - t0, cons, window)  # fmt: skip
+    if not kept:
+        raise PlannerError(table.no_plan_reason())
+    return table
+
+
+def _fast_domain(hw: Hardware, chips: int) -> int:
+    """Chips joined by the fastest network (an NVLink domain; a torus: all of them)."""
+    net = next(iter(hw.networks.values()))
+    if isinstance(net, Switched) and net.domain:
+        return min(net.domain, chips)
+    return chips
+
+
+def _check_inputs(
+    cfg: TransformerConfig,
+    hw: Hardware,
+    chips: int,
+    batch_tokens: int,
+    seq: int,
+    cons: Constraints,
+    links: Mapping[str, str | AxisLink] | None,
+    topology: str | Sequence[int] | None,
+) -> None:
+    for name, v in (("chips", chips), ("batch_tokens", batch_tokens), ("seq", seq)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise PlannerError(f"{name} must be a whole number >= 1, got {v!r}")
+    if seq > cfg.seq and cfg.position == "learned":
+        raise PlannerError(f"seq={seq} is longer than the learned positions of {cfg.name or 'the model'} ({cfg.seq})")
+    if batch_tokens % seq and cons.batch_range is None:
+        raise PlannerError(
+            f"batch_tokens={batch_tokens} is not a whole number of {seq}-token sequences; use a multiple of {seq} "
+            f"(e.g. {batch_tokens // seq * seq or seq}) or give batch_range"
+        )
+    net = next(iter(hw.networks.values()))
+    if isinstance(net, Switched) and net.domain and chips > net.domain and chips % net.domain:
+        raise PlannerError(
+            f"{chips} chips of {hw.name} do not form whole nodes of {net.domain}; use a multiple of {net.domain} "
+            f"(e.g. {chips // net.domain * net.domain or net.domain} or {-(-chips // net.domain) * net.domain})"
+        )
+    try:
+        place(hw, Mesh(data=chips), links, topology=topology)
+    except CostModelError as err:
+        what = f"a {net.pod} pod" if isinstance(net, Torus) and net.pod else hw.name
+        raise PlannerError(f"{chips} chips of {hw.name} cannot be laid out on {what}: {err}") from None
+    cons.check(cfg, chips)
+
+
+def _constraint_text(cons: Constraints, batch_tokens: int, seq: int) -> str:
+    parts = [f"{k}={v}" for k, v in cons.fixed.items()]
+    if tuple(cons.allow) != ("dp", "zero", "tp", "sp", "pp", "cp"):
+        parts.append(f"allow={list(cons.allow)}")
+    parts.append(f"batch {batch_tokens // seq} sequences of {seq}")
+    parts.append(f"microbatch {cons.micro_range[0]}..{cons.micro_range[1]}")
+    return "(" + ", ".join(parts) + ")"

@@ -1,0 +1,273 @@
+"""The plan space: every way to shard a model on a cluster that the constraints allow.
+
+A :class:`Candidate` is a :class:`~shardsim.plan.Plan` with the three things a plan alone
+does not say: ``micro``, the sequences one data-parallel rank runs at once (the microbatch;
+``plan.microbatches`` of them make the rank's share of the global batch), ``batch``, the
+global batch in sequences, and ``order``, the mesh axes outermost first, which decides the
+network each parallelism runs over (the innermost on NVLink or the fastest torus rings).
+
+The space (Narayanan et al. 2021, §3): tensor parallelism ``tp`` dividing the heads, the
+MLP width and the vocabulary (with Megatron's rule for the KV heads), with and without
+sequence parallelism; context parallelism ``cp`` where the sequence splits; pipeline depth
+``pp`` whose stages hold whole layers (the first and last stage may hold one layer less,
+as Llama 3 balances the embedding and the head); the data-parallel degree that remains and
+its ZeRO stage (2 and 3 only without a pipeline, as Megatron and DeepSpeed run them); the
+schedule (1F1B, GPipe, interleaved with 2, 4... chunks); the microbatch; recomputation; and
+with a pipeline and data parallelism both across nodes, which of the two is outermost.
+
+>>> from shardsim.models import get
+>>> cands = list(candidates(get("gpt-tiny"), chips=4, batch_tokens=8 * 16, seq=16, domain=8))
+>>> len(cands) > 10, all(c.plan.chips == 4 for c in cands)
+(True, True)
+>>> sorted({c.plan.tp for c in cands})
+[1, 2, 4]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import PlannerError
+from ..models import TransformerConfig
+from ..plan import RECOMPUTE, Plan
+
+PARALLELISMS = ("dp", "zero", "tp", "sp", "pp", "cp")
+FIXABLE = ("dp", "zero", "tp", "sp", "pp", "cp", "schedule", "virtual_stages", "microbatches", "recompute")
+DEFAULT_ORDER = ("data", "pipe", "context", "expert", "model")  # Plan.mesh()'s order: TP innermost
+DATA_INSIDE = ("pipe", "data", "context", "expert", "model")  # Megatron's rank order: DP inside PP
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the plan space (see the module doc).
+
+    >>> c = Candidate(Plan(dp=2, tp=2), micro=1, batch=4)
+    >>> c.tokens(seq=16), c.describe()
+    (64, 'dp=2,tp=2 mb=1')
+    """
+
+    plan: Plan
+    micro: int
+    batch: int
+    order: tuple[str, ...] = DEFAULT_ORDER
+
+    def tokens(self, seq: int) -> int:
+        """Tokens in the global batch."""
+        return self.batch * seq
+
+    def describe(self) -> str:
+        """The plan, its microbatch and, when not the default, the mesh order."""
+        text = f"{self.plan} mb={self.micro}"
+        return text if self.order == DEFAULT_ORDER else f"{text} order={'>'.join(self.order)}"
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What the user fixes or limits.
+
+    ``fixed``: plan fields held at one value (``{"tp": 8, "pp": 16}``); ``allow``: the
+    parallelisms that may be used (the others stay at degree 1 / off; ``"zero"`` and ``"sp"``
+    count as parallelisms); ``headroom``: the fraction of each chip's memory to leave free;
+    ``batch_range``: the global batch in tokens may be any multiple of the sequence in this
+    range (default: exactly ``batch_tokens``); ``micro_range``: sequences per microbatch;
+    ``tp_max``: the largest tensor-parallel degree (default the fast domain: TP within the
+    NVLink domain; raise it to weigh TP across the slow network); ``cp_max``: the largest
+    context-parallel degree (default one chip per 4,096 tokens of the sequence). Sequence
+    parallelism is on wherever TP is (it stores less for the same communication,
+    Korthikanti et al. 2022) unless ``sp`` is fixed.
+
+    >>> Constraints.of(tp=8, headroom=0.1).fixed
+    {'tp': 8}
+    """
+
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    allow: tuple[str, ...] = PARALLELISMS
+    headroom: float = 0.0
+    batch_range: tuple[int, int] | None = None
+    micro_range: tuple[int, int] = (1, 4)
+    tp_max: int | None = None
+    cp_max: int | None = None
+
+    @classmethod
+    def of(cls, **options: Any) -> Constraints:
+        """Constraints from keyword options: plan fields go to ``fixed``, the rest are fields.
+
+        >>> Constraints.of(pp=4, allow=("dp", "pp")).allow
+        ('dp', 'pp')
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        fixed = {k: v for k, v in options.items() if k in FIXABLE}
+        unknown = sorted(set(options) - names - set(FIXABLE))
+        if unknown:
+            raise PlannerError(
+                f"unknown planner option {unknown[0]!r}; fix a plan field ({', '.join(FIXABLE)}) or use one of "
+                f"{sorted(names - {'fixed'})}"
+            )
+        rest = {k: v for k, v in options.items() if k in names}
+        if "allow" in rest:
+            rest["allow"] = tuple(rest["allow"])
+        return cls(fixed=fixed, **rest)
+
+    def check(self, model: TransformerConfig, chips: int) -> None:
+        """Contradictions, named: a fixed degree that is not allowed or does not divide the chips."""
+        bad = sorted(set(self.allow) - set(PARALLELISMS))
+        if bad:
+            raise PlannerError(f"allow={list(self.allow)}: {bad[0]!r} is not a parallelism; use {list(PARALLELISMS)}")
+        if not 0.0 <= self.headroom < 1.0:
+            raise PlannerError(f"headroom={self.headroom!r} is the fraction of memory left free, in [0, 1)")
+        for key, value in self.fixed.items():
+            off = value in (1, 0, False, "none") or key in ("schedule", "virtual_stages", "microbatches", "recompute")
+            if key in PARALLELISMS and key not in self.allow and not off:
+                raise PlannerError(
+                    f"{key}={value} is fixed but {key!r} is not among the allowed parallelisms {list(self.allow)}; "
+                    f"drop one of the two"
+                )
+        degrees = [self.fixed.get(k, 1) for k in ("dp", "tp", "pp", "cp")]
+        if all(isinstance(d, int) for d in degrees) and chips % math.prod(degrees):
+            named = " x ".join(f"{k}={self.fixed[k]}" for k in ("dp", "tp", "pp", "cp") if k in self.fixed)
+            raise PlannerError(
+                f"the fixed degrees {named} = {math.prod(degrees)} do not divide {chips} chips; "
+                "change a degree or the chip count"
+            )
+        lo, hi = self.micro_range
+        if lo < 1 or hi < lo:
+            raise PlannerError(f"micro_range={self.micro_range}: give (smallest, largest) sequences, 1 <= lo <= hi")
+        if "recompute" in self.fixed and self.fixed["recompute"] not in RECOMPUTE:
+            raise PlannerError(f"recompute={self.fixed['recompute']!r}: choose one of {list(RECOMPUTE)}")
+
+    def options(self, key: str, values: Sequence[Any]) -> list[Any]:
+        """The values ``key`` may take: the fixed one, the first (off) if not allowed, else all."""
+        if key in self.fixed:
+            return [self.fixed[key]] if self.fixed[key] in values or key == "dp" else []
+        if key in PARALLELISMS and key not in self.allow:
+            return list(values[:1])
+        return list(values)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending.
+
+    >>> divisors(12)
+    [1, 2, 3, 4, 6, 12]
+    """
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def tp_degrees(model: TransformerConfig, chips: int, tp_max: int) -> list[int]:
+    """Tensor-parallel degrees the model splits by (heads, d_ff, vocab; KV heads split or replicated).
+
+    >>> from shardsim.models import get
+    >>> tp_degrees(get("llama3-405b"), 16384, 8)
+    [1, 2, 4, 8]
+    """
+    k = model.n_kv
+    return [
+        t
+        for t in divisors(chips)
+        if t <= tp_max
+        and model.heads % t == 0
+        and model.d_ff % t == 0
+        and model.vocab % t == 0
+        and (k % t == 0 or t % k == 0)
+    ]
+
+
+def stage_layers(layers: int, parts: int) -> int | None:
+    """Layers on each of ``parts`` virtual stages (the most any holds), or None when they do not
+    balance: equal, or the first and last one layer short (Llama 3's 126 layers on 16 stages).
+
+    >>> stage_layers(126, 16), stage_layers(96, 16), stage_layers(100, 16)
+    (8, 6, None)
+    """
+    per = -(-layers // parts)
+    short = per * parts - layers
+    return per if short == 0 or (short <= 2 and parts >= 2 and per >= 2) else None
+
+
+def batch_sizes(batch_tokens: int, seq: int, dp: int, rng: tuple[int, int] | None) -> list[int]:
+    """Global batches in sequences a data-parallel degree ``dp`` can take: ``batch_tokens / seq``
+    if it divides by ``dp``; with a range, the multiple of ``dp`` nearest that in the range.
+
+    >>> batch_sizes(96, 16, 4, None), batch_sizes(96, 16, 4, (64, 128))
+    ([], [4])
+    """
+    want = batch_tokens // seq
+    if rng is None:
+        return [want] if want % dp == 0 else []
+    lo, hi = -(-rng[0] // seq), rng[1] // seq
+    options = [b for b in range(-(-lo // dp) * dp, hi + 1, dp)]
+    return sorted(options, key=lambda b: (abs(b - want), b))[:1]
+
+
+def candidates(
+    model: TransformerConfig,
+    *,
+    chips: int,
+    batch_tokens: int,
+    seq: int,
+    domain: int,
+    constraints: Constraints | None = None,
+    orders: Sequence[tuple[str, ...]] = (DEFAULT_ORDER, DATA_INSIDE),
+) -> Iterator[Candidate]:
+    """Every candidate of the space (module doc); ``domain`` is the fast network's chip count."""
+    c = constraints or Constraints()
+    tp_max = c.tp_max or domain
+    cp_max = c.cp_max or max(1, seq // 4096)
+    opt = c.options
+    for tp in opt("tp", tp_degrees(model, chips, tp_max if "tp" not in c.fixed else chips)):
+        cps = [d for d in divisors(chips // tp) if (seq % (2 * d) == 0 and d <= cp_max) or d == 1]
+        for cp in opt("cp", cps if "cp" not in c.fixed else divisors(chips // tp)):
+            pps = [p for p in divisors(chips // (tp * cp)) if p == 1 or (cp == 1 and not model.tie_embeddings)]
+            for pp in opt("pp", [p for p in pps if stage_layers(model.layers, p) is not None]):
+                dp = chips // (tp * cp * pp)
+                if opt("dp", [dp]) != [dp]:
+                    continue
+                zeros = [0, 1, 2, 3] if pp == 1 else [0, 1]
+                zeros = [z for z in zeros if z == 0 or dp > 1]
+                zeros = [z for z in zeros if z < 3 or model.d_model % dp == 0]
+                for zero in opt("zero", zeros):
+                    for sp in opt("sp", ([False, True] if "sp" in c.fixed else [True]) if tp > 1 else [False]):
+                        if sp and seq % (tp * cp):
+                            continue
+                        for recompute in opt("recompute", list(RECOMPUTE)):
+                            base = Plan(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp, cp=cp, recompute=recompute)
+                            yield from _batches(model, base, batch_tokens, seq, c, orders)
+
+
+def _batches(
+    model: TransformerConfig,
+    base: Plan,
+    batch_tokens: int,
+    seq: int,
+    c: Constraints,
+    orders: Sequence[tuple[str, ...]],
+) -> Iterator[Candidate]:
+    lo, hi = c.micro_range
+    for batch in batch_sizes(batch_tokens, seq, base.dp, c.batch_range):
+        per_rank = batch // base.dp
+        for micro in [b for b in divisors(per_rank) if lo <= b <= hi]:
+            m = per_rank // micro
+            if c.options("microbatches", [m]) != [m]:
+                continue
+            for schedule, v in _schedules(model, base.pp, m, c):
+                plan = base.replace(microbatches=m, schedule=schedule, virtual_stages=v)
+                inside = base.pp > 1 and base.dp > 1
+                for order in orders if inside else orders[:1]:
+                    yield Candidate(plan, micro, batch, tuple(order))
+
+
+def _schedules(model: TransformerConfig, pp: int, m: int, c: Constraints) -> list[tuple[str, int]]:
+    if pp == 1:
+        return [("1f1b", 1)] if c.options("schedule", ["1f1b"]) else []
+    out = [(s, 1) for s in c.options("schedule", ["1f1b", "gpipe"])]
+    if "interleaved" in c.options("schedule", ["interleaved"]) and m % pp == 0:
+        for v in c.options("virtual_stages", [2, 4, 8]):
+            if v > 1 and stage_layers(model.layers, pp * v) is not None:
+                out.append(("interleaved", v))
+    if "virtual_stages" in c.fixed and c.fixed["virtual_stages"] > 1:
+        out = [(s, v) for s, v in out if v == c.fixed["virtual_stages"]]
+    return out

@@ -1,0 +1,284 @@
+"""The planner's answer: the plans that fit, ranked, and why the rest were left out.
+
+:class:`PlanTable` prints as a text table (step time, tokens/s, MFU, memory per chip by
+category, headroom, what binds), explains why the best plan beats the runner-up (the parts
+of their steps side by side) and why the large families of the space were rejected (out of
+memory by how much, slower by their lower bound, TP across the slow network...). In a
+notebook it shows the same cells as HTML (:func:`shardsim._format.table_html`) with the best
+plan's layer time line. :meth:`PlanTable.to_json` gives every figure as plain values.
+
+>>> from shardsim.models import get
+>>> from shardsim.planner import plan
+>>> t = plan(get("gpt-tiny"), "h100", chips=2, batch_tokens=4 * 16, seq=16, zero=0, recompute="none")
+>>> print(str(t).splitlines()[0])  # doctest: +ELLIPSIS
+gpt-tiny on 2 h100, 64 tokens per step (4 x 16): ... candidates, ... traced, ... kept in ... s
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._format import fmt_bytes, fmt_time, table_html, table_text
+from ..cost.hardware import Hardware
+from ..models import TransformerConfig
+from .evaluate import PlanEstimate
+from .space import Candidate, Constraints
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A candidate left out: ``kind`` ``"memory"`` (its memory lower bound exceeds the chip by
+    ``amount`` bytes), ``"oom"`` (its traced memory does, by ``amount``), ``"bound"`` (its time
+    lower bound is ``amount`` slower than the best plan, as a fraction), ``"slower"`` (traced,
+    it fits but is ``amount`` slower than the best, beyond the window; ``detail`` what binds it)
+    or ``"refused"`` (the program refused it: ``detail``). ``step_s`` its step (traced) or
+    lower bound, if known."""
+
+    candidate: Candidate
+    kind: str
+    amount: float
+    step_s: float | None
+    detail: str = ""
+
+
+def family(c: Candidate) -> str:
+    """The shape of a plan: its tensor, pipeline and context degrees (the large families).
+
+    >>> from shardsim.plan import Plan
+    >>> family(Candidate(Plan(dp=2, tp=4, pp=2), 1, 2))
+    'tp=4,pp=2,cp=1'
+    """
+    p = c.plan
+    return f"tp={p.tp},pp={p.pp},cp={p.cp}"
+
+
+class PlanTable:
+    """The ranked plans of one search (see the module doc). ``rows`` fastest first; ``best``
+    is ``rows[0]``; ``considered``/``traced``/``kept`` count candidates, distinct layer
+    programs traced and plans kept; ``seconds`` the search's wall time."""
+
+    def __init__(
+        self,
+        model: TransformerConfig,
+        hardware: Hardware,
+        chips: int,
+        batch_tokens: int,
+        seq: int,
+        rows: list[PlanEstimate],
+        rejected: list[Rejection],
+        considered: int,
+        traced: int,
+        seconds: float,
+        constraints: Constraints,
+        window: float,
+    ) -> None:
+        self.model, self.hardware, self.chips = model, hardware, chips
+        self.batch_tokens, self.seq, self.rows, self.rejected = batch_tokens, seq, rows, rejected
+        self.considered, self.traced, self.seconds = considered, traced, seconds
+        self.constraints, self.window = constraints, window
+
+    # -- the answer -------------------------------------------------------------------------
+    @property
+    def kept(self) -> int:
+        return len(self.rows)
+
+    @property
+    def best(self) -> PlanEstimate:
+        return self.rows[0]
+
+    @property
+    def runner_up(self) -> PlanEstimate | None:
+        """The fastest kept plan of another shape (degrees or ZeRO stage) than the best, else the next row."""
+        shape = _shape(self.best)
+        other = [r for r in self.rows[1:] if _shape(r) != shape]
+        return other[0] if other else (self.rows[1] if len(self.rows) > 1 else None)
+
+    def find(self, **degrees: Any) -> list[PlanEstimate]:
+        """The kept plans whose plan fields equal ``degrees`` (``tp=8, pp=16, cp=1``), fastest first.
+
+        >>> from shardsim.models import get
+        >>> from shardsim.planner import plan
+        >>> t = plan(get("gpt-tiny"), "h100", chips=2, batch_tokens=4 * 16, seq=16, zero=0, recompute="none")
+        >>> all(r.plan.tp == 2 for r in t.find(tp=2))
+        True
+        """
+        return [r for r in self.rows if all(getattr(r.plan, k) == v for k, v in degrees.items())]
+
+    def slowdown(self, row: PlanEstimate) -> float:
+        """How much slower per token ``row`` is than the best (0.05: 5%)."""
+        return (row.step_s / row.tokens) / (self.best.step_s / self.best.tokens) - 1
+
+    def why_best(self) -> str:
+        """Why the best plan beats the runner-up, in the parts of their steps."""
+        b, r = self.best, self.runner_up
+        if r is None:
+            return f"{b.plan} is the only plan that fits."
+        diffs = {k: r.parts[k] - b.parts[k] for k in b.parts}
+        for axis in set(b.comm_exposed) | set(r.comm_exposed):
+            diffs[f"exposed comm {axis}"] = r.comm_exposed.get(axis, 0.0) - b.comm_exposed.get(axis, 0.0)
+        main = sorted(diffs.items(), key=lambda kv: -abs(kv[1]))[:3]
+        parts = ", ".join(f"{k} {_signed(v)}" for k, v in main if abs(v) > 1e-4 * b.step_s)
+        return (
+            f"{b.plan} (mb={b.candidate.micro}) beats {r.plan} (mb={r.candidate.micro}) by "
+            f"{self.slowdown(r):.1%} per token: the runner-up's {parts or 'parts are equal'}"
+            f"; memory {fmt_bytes(b.memory['total'])} vs {fmt_bytes(r.memory['total'])} per chip."
+        )
+
+    def families(self) -> list[tuple[str, str]]:
+        """Each large family (tp, pp, cp) with no kept plan, or whose best is slower, and why."""
+        out: dict[str, list[Any]] = {}
+        for r in self.rejected:
+            out.setdefault(family(r.candidate), [0, []])[1].append(r)
+        for e in self.rows:
+            out.setdefault(family(e.candidate), [0, []])[0] += 1
+        lines = []
+        best_family = family(self.best.candidate)
+        for fam, (n_kept, rej) in sorted(out.items(), key=lambda kv: -(kv[1][0] + len(kv[1][1]))):
+            if fam == best_family:
+                continue
+            lines.append((fam, self._family_reason(fam, n_kept, rej)))
+        return lines
+
+    def _family_reason(self, fam: str, n_kept: int, rej: Sequence[Rejection]) -> str:
+        kept = [e for e in self.rows if family(e.candidate) == fam]
+        if kept:
+            e = kept[0]
+            return f"{n_kept} kept; its best is {self.slowdown(e):.1%} slower per token, bound by {e.bound}"
+        mem = [r for r in rej if r.kind in ("memory", "oom")]
+        bound = [r for r in rej if r.kind == "bound"]
+        refused = [r for r in rej if r.kind == "refused"]
+        slower = [r for r in rej if r.kind == "slower"]
+        if mem and len(mem) == len(rej):
+            least = min(mem, key=lambda r: r.amount)
+            how = "measured" if least.kind == "oom" else "at least (lower bound)"
+            closest = f"{fmt_bytes(least.amount)} short ({how}, {least.candidate.describe()})"
+            return f"out of memory: {len(mem)} plans, the closest {closest}"
+        text = []
+        if slower:
+            fastest = min(slower, key=lambda r: r.amount)
+            text.append(
+                f"fits, but its best ({fastest.candidate.describe()}) is {fastest.amount:.1%} slower per token, "
+                f"bound by {fastest.detail}"
+            )
+        if bound:
+            least_b = min(bound, key=lambda r: r.amount)
+            text.append(f"{len(bound)} slower by their lower bound alone (>= {least_b.amount:.0%} behind the best)")
+        if mem:
+            closest = fmt_bytes(min(r.amount for r in mem))
+            text.append(f"{len(mem)} out of memory (closest {closest} short)")
+        if refused:
+            text.append(f"{len(refused)} refused: {refused[0].detail}")
+        tp = int(fam.split(",")[0].split("=")[1])
+        net = next(iter(self.hardware.networks.values()))
+        domain = getattr(net, "domain", None)
+        if domain and tp > domain:
+            text.append(f"TP {tp} spans more than one {domain}-chip fast domain: collectives cross the slower network")
+        return "; ".join(text)
+
+    def no_plan_reason(self) -> str:
+        """Why no plan was kept: the smallest shortfall and what would close it."""
+        mem = [r for r in self.rejected if r.kind in ("memory", "oom")]
+        name = self.model.name or "the model"
+        if not mem:
+            refused = [r for r in self.rejected if r.kind == "refused"]
+            why = refused[0].detail if refused else "every candidate was refused"
+            return f"no plan of {name} on {self.chips} {self.hardware.name} chips could be run: {why}"
+        least = min(mem, key=lambda r: r.amount)
+        p = least.candidate.plan
+        fixes = ["more chips"]
+        if p.recompute != "full":
+            fixes.append("recompute='full'")
+        if p.zero < 3 and p.pp == 1 and p.dp > 1:
+            fixes.append(f"ZeRO stage {p.zero + 1}")
+        fixes.append("a smaller microbatch or batch")
+        fixes.append("less headroom" if self.constraints.headroom else "fewer fixed degrees")
+        return (
+            f"{name} fits under no plan on {self.chips} {self.hardware.name} chips "
+            f"({fmt_bytes(self.hardware.hbm_capacity)} each): the closest, {least.candidate.describe()}, is "
+            f"{'at least ' if least.kind == 'memory' else ''}{fmt_bytes(least.amount)} per chip short; "
+            f"try {', '.join(fixes)}"
+        )
+
+    # -- display ----------------------------------------------------------------------------
+    def header(self) -> str:
+        b = self.batch_tokens
+        return (
+            f"{self.model.name or 'model'} on {self.chips} {self.hardware.name}, {b} tokens per step "
+            f"({b // self.seq} x {self.seq}): {self.considered} candidates, {self.traced} traced, "
+            f"{self.kept} kept in {self.seconds:.2f} s"
+        )
+
+    def _cells(self, top: int) -> tuple[list[tuple[str, ...]], set[int]]:
+        head = ("#", "plan", "mb", "step", "tokens/s", "MFU", "params", "grads", "optimizer", "activations",
+                "total", "headroom", "binds")  # fmt: skip
+        rows: list[tuple[str, ...]] = [head]
+        for i, e in enumerate(self.rows[:top], 1):
+            m = e.memory
+            rows.append(
+                (
+                    str(i), str(e.plan), str(e.candidate.micro), fmt_time(e.step_s), f"{e.tokens_per_s:,.0f}",
+                    f"{e.mfu:.1%}", fmt_bytes(m["params"]), fmt_bytes(m["grads"]), fmt_bytes(m["optimizer"]),
+                    fmt_bytes(m["activations"]), fmt_bytes(m["total"]), fmt_bytes(e.headroom), e.bound,
+                )
+            )  # fmt: skip
+        return rows, {0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}
+
+    def text(self, top: int = 10) -> str:
+        """The header, the top ``top`` plans, why the best wins and why families were rejected."""
+        rows, right = self._cells(top)
+        lines = [self.header(), table_text(rows, right), "", "why: " + self.why_best()]
+        fams = self.families()
+        if fams:
+            lines.append("rejected families:")
+            lines += [f"  {f}: {why}" for f, why in fams[:8]]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def __repr__(self) -> str:
+        return f"<PlanTable {self.header()}>"
+
+    def _repr_html_(self) -> str:
+        rows, right = self._cells(10)
+        tl = self.best.timeline
+        notes = ["why: " + self.why_best(), *[f"{f}: {w}" for f, w in self.families()[:8]]]
+        extra = "".join(f"<p>{_esc(s)}</p>" for s in notes)
+        picture = f"<pre>{_esc(tl.text(100))}</pre>"
+        return table_html(rows, right, caption=self.header()) + extra + picture
+
+    def to_json(self, top: int | None = None) -> str:
+        """Every figure as JSON: the search's counts, the ranked rows, the explanations."""
+        doc = {
+            "model": self.model.name,
+            "hardware": self.hardware.name,
+            "chips": self.chips,
+            "batch_tokens": self.batch_tokens,
+            "seq": self.seq,
+            "considered": self.considered,
+            "traced": self.traced,
+            "kept": self.kept,
+            "seconds": self.seconds,
+            "rows": [e.row() for e in self.rows[:top]],
+            "why": self.why_best(),
+            "rejected_families": dict(self.families()),
+        }
+        return json.dumps(doc, indent=2)
+
+
+def _shape(e: PlanEstimate) -> tuple[int, ...]:
+    p = e.plan
+    return (p.dp, p.tp, p.pp, p.cp, p.zero)
+
+
+def _signed(seconds: float) -> str:
+    return ("+" if seconds >= 0 else "-") + fmt_time(abs(seconds))
+
+
+def _esc(text: str) -> str:
+    import html
+
+    return html.escape(text)
