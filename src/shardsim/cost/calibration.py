@@ -1,0 +1,322 @@
+"""Published training runs beside the cost model: predicted against measured throughput.
+
+Each :class:`Run` is one row someone published: the model, the plan it ran (tensor,
+pipeline and data parallel degrees, ZeRO stage, recomputation, microbatches), the chips, the
+global batch and the throughput they measured. :func:`predict` runs the same model under the
+same plan shape-only on the same chips and reads the step time from the cost model's time
+line (``efficiency="calibrated"``, the preset's constants, the same for every row);
+:func:`table` prints every row with its error, as ``docs/calibration.md`` shows it.
+
+Throughput is TFLOP/s per GPU counted as the source counts it. PTD-P (Narayanan et al. 2021)
+counts every matmul FLOP including the recomputed forward pass (its Eq. 3); the trace's own
+matmul FLOPs under ``recompute=full`` are that count (``tests/test_calibration.py`` checks
+it against Eq. 3), so the predicted figure is the trace's FLOPs per chip over the predicted
+step. Llama 3 (Dubey et al. 2024) reports model FLOPs (no recomputation): the trace's FLOPs
+without recomputation over the step.
+
+>>> run = RUNS[0]
+>>> run.name, run.plan, run.chips, run.measured_tflops
+('PTD-P 1.7B', 'dp=32,recompute=full', 32, 137.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ShardsimError
+from ..models import TransformerConfig
+from ..models import presets as model_presets
+from ..plan import Plan
+from ..tracing import Trace
+from .efficiency import Calibration
+from .hardware import Hardware
+from .presets import get_hardware
+
+PTDP = "Narayanan et al. 2021 (PTD-P)"
+LLAMA3 = "Dubey et al. 2024 (Llama 3)"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published run: ``model`` (a preset name, changed by ``overrides``) under ``plan`` on
+    ``hardware``, ``batch`` sequences per step, ``measured_tflops`` per GPU as ``source`` reports.
+
+    ``role`` is ``"fit"`` for the rows a constant was read from and ``"check"`` for the rest;
+    ``assumed`` says what the source leaves open and the row assumes.
+    """
+
+    name: str
+    group: str
+    model: str
+    plan: str
+    hardware: str
+    batch: int
+    measured_tflops: float
+    source: str
+    role: str = "check"
+    measured_mfu: float | None = None
+    overrides: tuple[tuple[str, Any], ...] = ()
+    assumed: str = ""
+
+    @property
+    def config(self) -> TransformerConfig:
+        """The model the run trained."""
+        cfg = model_presets.get(self.model)
+        return cfg.scaled(**dict(self.overrides)) if self.overrides else cfg
+
+    @property
+    def parsed_plan(self) -> Plan:
+        return Plan.parse(self.plan)
+
+    @property
+    def chips(self) -> int:
+        return self.parsed_plan.chips
+
+    @property
+    def seq(self) -> int:
+        return self.config.seq
+
+    @property
+    def batch_tokens(self) -> int:
+        return self.batch * self.seq
+
+
+_T1 = "PTD-P Table 1 (weak scaling, Selene DGX A100)"
+_Z3 = "PTD-P ZeRO-3 comparison (175B, global batch 1536)"
+_L3 = "Llama 3 405B, Table 4 (H100)"
+_UNTIED = (("tie_embeddings", False),)
+_MB1 = "microbatch 1, 1F1B (Table 1 gives neither); embedding and LM head untied (pp > 1)"
+
+
+def _t1(size: str, t: int, p: int, gpus: int, batch: int, tflops: float, row: int, role: str = "check") -> Run:
+    d = gpus // (t * p)
+    plan = Plan(dp=d, tp=t, pp=p, microbatches=batch // d if p > 1 else 1, recompute="full")
+    return Run(
+        f"PTD-P {size}",
+        _T1,
+        f"ptdp-{size.lower()}",
+        str(plan),
+        "a100",
+        batch,
+        tflops,
+        f"{PTDP}, Table 1 row {row}",
+        role,
+        overrides=_UNTIED if p > 1 else (),
+        assumed=_MB1 if p > 1 else "no microbatching (every GPU takes its B/d sequences at once)",
+    )
+
+
+def _zero3(gpus: int, tflops: float) -> Run:
+    return Run(
+        f"ZeRO-3 175B, {gpus:,} GPUs",
+        _Z3,
+        "gpt3-175b",
+        str(Plan(dp=gpus, zero=3, recompute="full")),
+        "a100",
+        1536,
+        tflops,
+        f"{PTDP}, §5.2 Table 2 (ZeRO-3 without model parallelism, microbatch {1536 // gpus})",
+        overrides=(("vocab", 51200),),
+        assumed="vocabulary 51,200 as all PTD-P GPT models; DeepSpeed ZeRO-3 as ZeRO stage 3 over 'data'",
+    )
+
+
+def _llama(gpus: int, cp: int, dp: int, tflops: float, mfu: float, role: str = "check") -> Run:
+    seq = 8192 * cp if cp > 1 else 8192
+    batch = 16 * 2**20 // seq  # "16M" tokens per step (Table 4)
+    plan = Plan(dp=dp, zero=1, tp=8, cp=cp, pp=16, microbatches=batch // dp)
+    return Run(
+        f"Llama 3 405B, {gpus:,} GPUs" + (f", CP {cp}, seq {seq:,}" if cp > 1 else ""),
+        _L3,
+        "llama3-405b",
+        str(plan),
+        "h100",
+        batch,
+        tflops,
+        f"{LLAMA3}, Table 4 (TP 8, CP {cp}, PP 16, DP {dp})",
+        role,
+        measured_mfu=mfu,
+        overrides=(("seq", seq),) if cp > 1 else (),
+        assumed="microbatch 1, 1F1B; FSDP that keeps the weights after the forward pass as ZeRO-1 "
+        "(one gradient ReduceScatter and one weight AllGather per step)",
+    )
+
+
+RUNS: tuple[Run, ...] = (
+    _t1("1.7B", 1, 1, 32, 512, 137.0, 1, "fit"),
+    _t1("3.6B", 2, 1, 64, 512, 138.0, 2, "fit"),
+    _t1("7.5B", 4, 1, 128, 512, 142.0, 3, "fit"),
+    _t1("18.4B", 8, 1, 256, 1024, 135.0, 4, "fit"),
+    _t1("39.1B", 8, 2, 512, 1536, 138.0, 5),
+    _t1("76.1B", 8, 4, 1024, 1792, 140.0, 6),
+    _t1("145.6B", 8, 8, 1536, 2304, 148.0, 7),
+    _t1("310.1B", 8, 16, 1920, 2160, 155.0, 8),
+    _t1("529.6B", 8, 35, 2520, 2520, 163.0, 9),
+    _t1("1T", 8, 64, 3072, 3072, 163.0, 10),
+    _zero3(384, 144.0),
+    _zero3(768, 88.0),
+    _zero3(1536, 44.0),
+    _llama(8192, 1, 64, 430.0, 0.43, "fit"),
+    _llama(16384, 1, 128, 400.0, 0.41),
+    _llama(16384, 16, 8, 380.0, 0.38),
+)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A run with the cost model's step time (seconds), TFLOP/s per GPU and MFU for it."""
+
+    run: Run
+    step_s: float
+    tflops: float
+    mfu: float
+    efficiency: str
+
+    @property
+    def error(self) -> float:
+        """Predicted over measured throughput, minus one."""
+        return self.tflops / self.run.measured_tflops - 1
+
+    @property
+    def measured_step_s(self) -> float:
+        """The step time the published throughput implies (same FLOP count as ``tflops``)."""
+        return self.step_s * self.tflops / self.run.measured_tflops
+
+
+def predict(run: Run, efficiency: str = "calibrated", hardware: Hardware | None = None) -> Prediction:
+    """The cost model's figures for ``run``: the program's own trace, timed on the preset
+    (or on ``hardware``, the same chip with other constants, as :func:`fit_non_matmul` tries).
+
+    >>> p = predict(RUNS[0])
+    >>> p.run.name, abs(p.error) < 0.15
+    ('PTD-P 1.7B', True)
+    """
+    from .timeline import timeline_of
+
+    plan, hw = run.parsed_plan, hardware or get_hardware(run.hardware)
+    trace = _trace(run)
+    tl = timeline_of(trace, hw, plan.mesh(), efficiency=efficiency)  # warns if the chip lacks a curve
+    # an event's FLOPs are one chip's; a pipeline stage's events (Event.where) run on 1/pp of the chips
+    matmuls = [e for e in trace.events if e.flops]
+    stages = plan.pp if any(e.where for e in matmuls) else 1
+    hardware_flops = sum(e.flops for e in matmuls) / stages
+    model_flops = sum(e.flops for e in matmuls if e.phase != "recompute") / stages
+    return Prediction(
+        run, tl.step_s, hardware_flops / tl.step_s / 1e12, model_flops / tl.step_s / hw.flops("bfloat16"), efficiency
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _trace(run: Run) -> Trace:
+    """The run's training step, traced shape-only at its real sizes (cached: a fit re-times it)."""
+    from ..array import ShapeDtype
+    from ..transformer.run import run_model
+
+    cfg, plan = run.config, run.parsed_plan
+    params = {k: ShapeDtype(v, "bfloat16") for k, v in cfg.param_shapes().items()}
+    tokens = ShapeDtype((run.batch, cfg.seq), "int32")
+    try:
+        return run_model(cfg, plan, plan.mesh(), params, tokens, tokens).trace
+    except ShardsimError as err:
+        raise type(err)(f"{run.name} ({run.source}): {err}") from None
+
+
+def fit_non_matmul(runs: Sequence[Run], lo: float = 0.0, hi: float = 4.0, tol: float = 1e-3) -> float:
+    """The :class:`~shardsim.cost.Calibration` ``non_matmul`` of the runs' chip that makes the
+    geometric mean of predicted over measured throughput 1 over ``runs`` (bisection).
+
+    This is how the presets' value was read from the ``fit`` rows; the other rows are checks.
+    """
+    names = {r.hardware for r in runs}
+    if len(names) != 1:
+        raise ShardsimError(f"fit_non_matmul fits one chip at a time; these runs are on {sorted(names)}")
+    base = get_hardware(names.pop())
+    cal = base.calibration or Calibration()
+
+    def log_error(value: float) -> float:
+        hw = base.with_(calibration=dataclasses.replace(cal, non_matmul=value))
+        return sum(math.log1p(predict(r, hardware=hw).error) for r in runs) / len(runs)
+
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if log_error(mid) > 0 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def predictable(run: Run) -> bool:
+    """Whether :func:`predict` times ``run`` today: a pipeline's whole trace (every microbatch
+    through every stage) is too long to record at these sizes, so pipelined rows wait."""
+    return run.parsed_plan.pp == 1
+
+
+def predictions(runs: Sequence[Run] = RUNS, efficiency: str = "calibrated") -> list[Prediction]:
+    """:func:`predict` for every run that :func:`predictable` allows."""
+    return [predict(r, efficiency) for r in runs if predictable(r)]
+
+
+def table(runs: Sequence[Run] = RUNS) -> str:
+    """Every run, measured beside predicted, as the Markdown table of ``docs/calibration.md``."""
+    lines = [
+        "| run | plan | GPUs | batch | measured TFLOP/s | predicted | error | predicted MFU | row | source |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    done = {p.run: p for p in predictions(runs)}
+    for r in runs:
+        head = f"| {r.name} | `{r.plan}` | {r.chips:,} | {r.batch:,} | {r.measured_tflops:.0f} "
+        p = done.get(r)
+        if p is None:
+            lines.append(head + f"| not predicted | | | {r.role} | {r.source} |")
+        else:
+            lines.append(head + f"| {p.tflops:.0f} | {p.error:+.0%} | {p.mfu:.1%} | {r.role} | {r.source} |")
+    return "\n".join(lines)
+
+
+def constants_table() -> str:
+    """The fitted constants per chip: the value in the preset and the rows it was read from."""
+    from .presets import hardware_names
+
+    lines = ["| chip | `non_matmul` | read from | source |", "|---|---:|---|---|"]
+    for name in hardware_names():
+        cal = get_hardware(name).calibration
+        fit = [r.name for r in RUNS if r.hardware == name and r.role == "fit"]
+        if cal is None or not cal.non_matmul:
+            lines.append(f"| `{name}` | 0 | no published end-to-end run in the table | |")
+            continue
+        rows = ", ".join(fit) if fit else "borrowed"
+        lines.append(f"| `{name}` | {cal.non_matmul:g} | {rows} | {cal.source} |")
+    return "\n".join(lines)
+
+
+def blocks() -> dict[str, Callable[[], str]]:
+    """The generated parts of ``docs/calibration.md``, by the name of their marker."""
+    from .critical import critical_table
+    from .measured import comparison_table
+
+    return {"runs": table, "constants": constants_table, "collectives": comparison_table, "critical": critical_table}
+
+
+def render(text: str, names: Sequence[str] | None = None) -> str:
+    """``text`` with every ``<!-- BEGIN name -->`` ... ``<!-- END name -->`` block recomputed.
+
+    >>> render("a\\n<!-- BEGIN constants -->\\nold\\n<!-- END constants -->\\nb", ["constants"]).splitlines()[2]
+    '| chip | `non_matmul` | read from | source |'
+    """
+    makers = blocks()
+    for name in names or list(makers):
+        begin, end = f"<!-- BEGIN {name} -->\n", f"\n<!-- END {name} -->"
+        if begin not in text or end not in text:
+            raise ShardsimError(f"docs block {name!r} has no '<!-- BEGIN {name} -->' ... '<!-- END {name} -->' markers")
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = head + begin + makers[name]() + end + tail
+    return text
+
+
+def block(text: str, name: str) -> str:
+    """The current content of block ``name`` in ``text`` (what :func:`render` would replace)."""
+    return text.split(f"<!-- BEGIN {name} -->\n", 1)[1].split(f"\n<!-- END {name} -->", 1)[0]
