@@ -47,7 +47,9 @@ class Run:
     ``hardware``, ``batch`` sequences per step, ``measured_tflops`` per GPU as ``source`` reports.
 
     ``role`` is ``"fit"`` for the rows a constant was read from and ``"check"`` for the rest;
-    ``assumed`` says what the source leaves open and the row assumes.
+    ``assumed`` says what the source leaves open and the row assumes. ``counted_layers``: the
+    run's own layer count when the model runs more to keep its pipeline stages equal (the
+    step is the busiest stage's either way; FLOPs are counted for ``counted_layers``).
     """
 
     name: str
@@ -62,6 +64,7 @@ class Run:
     measured_mfu: float | None = None
     overrides: tuple[tuple[str, Any], ...] = ()
     assumed: str = ""
+    counted_layers: int | None = None
 
     @property
     def config(self) -> TransformerConfig:
@@ -130,6 +133,9 @@ def _llama(gpus: int, cp: int, dp: int, tflops: float, mfu: float, role: str = "
     seq = 8192 * cp if cp > 1 else 8192
     batch = 16 * 2**20 // seq  # "16M" tokens per step (Table 4)
     plan = Plan(dp=dp, zero=1, tp=8, cp=cp, pp=16, microbatches=batch // dp)
+    # 126 layers: 16 stages of 8 with one fewer on the first and the last (Llama 3 §3.3.2);
+    # equal stages of 8 have the same busiest stage, so the step is the same
+    layers = (("layers", 128),)
     return Run(
         f"Llama 3 405B, {gpus:,} GPUs" + (f", CP {cp}, seq {seq:,}" if cp > 1 else ""),
         _L3,
@@ -141,9 +147,11 @@ def _llama(gpus: int, cp: int, dp: int, tflops: float, mfu: float, role: str = "
         f"{LLAMA3}, Table 4 (TP 8, CP {cp}, PP 16, DP {dp})",
         role,
         measured_mfu=mfu,
-        overrides=(("seq", seq),) if cp > 1 else (),
+        overrides=(*layers, ("seq", seq)) if cp > 1 else layers,
         assumed="microbatch 1, 1F1B; FSDP that keeps the weights after the forward pass as ZeRO-1 "
-        "(one gradient ReduceScatter and one weight AllGather per step)",
+        "(one gradient ReduceScatter and one weight AllGather per step); 16 equal stages of 8 layers, "
+        "FLOPs counted for 126",
+        counted_layers=126,
     )
 
 
@@ -204,8 +212,9 @@ def predict(run: Run, efficiency: str = "calibrated", hardware: Hardware | None 
     # an event's FLOPs are one chip's; a pipeline stage's events (Event.where) run on 1/pp of the chips
     matmuls = [e for e in trace.events if e.flops]
     stages = plan.pp if any(e.where for e in matmuls) else 1
-    hardware_flops = sum(e.flops for e in matmuls) / stages
-    model_flops = sum(e.flops for e in matmuls if e.phase != "recompute") / stages
+    counted = (run.counted_layers or run.config.layers) / run.config.layers
+    hardware_flops = sum(e.flops for e in matmuls) / stages * counted
+    model_flops = sum(e.flops for e in matmuls if e.phase != "recompute") / stages * counted
     return Prediction(
         run, tl.step_s, hardware_flops / tl.step_s / 1e12, model_flops / tl.step_s / hw.flops("bfloat16"), efficiency
     )
@@ -248,10 +257,20 @@ def fit_non_matmul(runs: Sequence[Run], lo: float = 0.0, hi: float = 4.0, tol: f
     return (lo + hi) / 2
 
 
+def not_predicted(run: Run) -> str | None:
+    """Why :func:`predict` does not time ``run`` today, or None when it does."""
+    plan = run.parsed_plan
+    if plan.pp > 1 and plan.cp > 1:
+        return "run_model does not pipeline a context-parallel model yet"
+    if plan.pp > 1:
+        steps = f"{plan.microbatches} microbatches x {run.config.layers} layers"
+        return f"the whole pipeline trace ({steps}) is too long to record at this size"
+    return None
+
+
 def predictable(run: Run) -> bool:
-    """Whether :func:`predict` times ``run`` today: a pipeline's whole trace (every microbatch
-    through every stage) is too long to record at these sizes, so pipelined rows wait."""
-    return run.parsed_plan.pp == 1
+    """Whether :func:`predict` times ``run`` today (:func:`not_predicted` says why not)."""
+    return not_predicted(run) is None
 
 
 def predictions(runs: Sequence[Run] = RUNS, efficiency: str = "calibrated") -> list[Prediction]:
@@ -273,6 +292,9 @@ def table(runs: Sequence[Run] = RUNS) -> str:
             lines.append(head + f"| not predicted | | | {r.role} | {r.source} |")
         else:
             lines.append(head + f"| {p.tflops:.0f} | {p.error:+.0%} | {p.mfu:.1%} | {r.role} | {r.source} |")
+    missing = [(r.name, not_predicted(r)) for r in runs if r not in done]
+    if missing:
+        lines += ["", "Not predicted:", ""] + [f"- {name}: {why}." for name, why in missing]
     return "\n".join(lines)
 
 
