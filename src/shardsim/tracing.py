@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 _phase: contextvars.ContextVar[str] = contextvars.ContextVar("shardsim_phase", default="forward")
 _active: contextvars.ContextVar[tuple[Trace, ...]] = contextvars.ContextVar("shardsim_traces", default=())
+_layer: contextvars.ContextVar[int] = contextvars.ContextVar("shardsim_layer", default=-1)
+_item: contextvars.ContextVar[str] = contextvars.ContextVar("shardsim_item", default="")
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "ppermute")
 
@@ -49,7 +51,10 @@ class Event:
     operands derive from, seen through untraced local ops such as a transpose or an activation.
     ``where`` names the chips that run the step when only some do (their operands are held
     there only): ``"Z1"`` for the second stage of a pipeline over Z; ``""`` for every chip.
-    A ppermute runs where it sends from.
+    A ppermute runs where it sends from. ``layer`` is the model layer whose work the event
+    does (-1 outside any layer: embedding, head, loss); ``item`` the pipeline schedule's unit
+    of work it belongs to (``"F2.0"``: forward of virtual stage 2 on microbatch 0; ``""``
+    without a pipeline). A cost model reads both to rebuild a deep program from a shallow one.
     """
 
     index: int
@@ -70,6 +75,8 @@ class Event:
     inputs: tuple[int, ...] = ()
     output: int = 0
     where: str = ""
+    layer: int = -1
+    item: str = ""
 
     @property
     def is_collective(self) -> bool:
@@ -234,6 +241,26 @@ def phase(name: str) -> Iterator[None]:
         _phase.reset(token)
 
 
+@contextlib.contextmanager
+def layer(index: int) -> Iterator[None]:
+    """Tag the events inside the block with the model layer they belong to (``Event.layer``)."""
+    token = _layer.set(index)
+    try:
+        yield
+    finally:
+        _layer.reset(token)
+
+
+@contextlib.contextmanager
+def item(name: str) -> Iterator[None]:
+    """Tag the events inside the block with the pipeline item they belong to (``Event.item``)."""
+    token = _item.set(name)
+    try:
+        yield
+    finally:
+        _item.reset(token)
+
+
 def current_phase() -> str:
     return _phase.get()
 
@@ -275,6 +302,8 @@ def record(
                 inputs=tuple(dict.fromkeys(s for x in inputs for s in x.sources)),
                 output=output.uid,
                 where=_where(inputs),
+                layer=_layer.get(),
+                item=_item.get(),
                 **numbers,
             )
         )

@@ -1,7 +1,9 @@
 """The cost model: time a scheme's step on real hardware from its own shape-only program.
 
 Hardware presets (TPU v4p/v5e/v5p/v6e, NVIDIA A100/H100/H200/B200) or your own
-:class:`Hardware`; :func:`estimate` one step (time line, MFU, memory, what binds it);
+:class:`Hardware`; :func:`estimate` one step (time line, MFU, memory, what binds it) of an MLP scheme on a
+mesh or of a transformer under a plan (``estimate("llama3-70b", "dp=16,tp=8,pp=4", "h100",
+batch_tokens=...)``; :func:`model_program` is its cached whole-model program);
 :func:`critical_batch` where a scheme turns compute-bound; :func:`sweep` many batches.
 Formulas and sources: ``docs/cost-model.md``. Importing this package does not import
 matplotlib; only drawing a PNG does.
@@ -35,7 +37,9 @@ from .efficiency import (
 )
 from .estimator import Estimate, estimate, estimate_program, sweep
 from .hardware import Hardware, Switched, Torus
-from .placement import AxisLink, Placement, Route, default_topology, place, split_rings
+from .model_estimate import ModelEstimate, estimate_model
+from .model_steps import ModelProgram, model_program
+from .placement import AxisLink, Placement, Route, default_topology, hungry_first, place, split_rings
 from .presets import get_hardware, hardware_names
 from .program import Program, Step, scheme_program, trace_steps
 from .roofline import Roofline, matmul_critical_batch, matmul_time
@@ -54,6 +58,8 @@ __all__ = [
     "Estimate",
     "Hardware",
     "MatmulEfficiency",
+    "ModelEstimate",
+    "ModelProgram",
     "Placement",
     "Program",
     "Roofline",
@@ -76,11 +82,14 @@ __all__ = [
     "critical_both",
     "default_topology",
     "estimate",
+    "estimate_model",
     "estimate_program",
     "get_hardware",
     "hardware_names",
+    "hungry_first",
     "matmul_critical_batch",
     "matmul_time",
+    "model_program",
     "place",
     "resolve_efficiency",
     "scheme_mesh",

@@ -43,8 +43,10 @@ from typing import Any
 from ..dtypes import resolve_dtype
 from ..errors import DivisibilityError, ShardsimError
 from ..mesh import Mesh
+from ..models import TransformerConfig
+from ..plan import Plan
 from .efficiency import IDEAL, Efficiency, resolve_efficiency
-from .hardware import Hardware
+from .hardware import Hardware, Torus
 from .placement import AxisLink, place
 from .presets import get_hardware
 from .program import Program, scheme_program, training_memory
@@ -242,12 +244,12 @@ class Estimate:
 
 
 def estimate(
-    scheme: str,
-    mesh: Mesh | Mapping[str, int],
+    scheme: str | TransformerConfig,
+    mesh: Mesh | Mapping[str, int] | Plan | str,
     hardware: Hardware | str,
-    batch: int,
-    d_model: int,
-    d_ff: int,
+    batch: int | None = None,
+    d_model: int | None = None,
+    d_ff: int | None = None,
     layers: int = 1,
     overlap: bool = True,
     dtype: str = "bfloat16",
@@ -261,8 +263,20 @@ def estimate(
     pad: bool = False,
     optimizer: str = "adam",
     precision: str | None = None,
+    batch_tokens: int | None = None,
+    seq: int | None = None,
+    chips: int | None = None,
 ) -> Estimate:
-    """Estimate one training step of ``scheme`` with a global batch of ``batch`` tokens.
+    """Estimate one training step of ``scheme`` with a global batch of ``batch`` tokens, or of a
+    transformer under a plan: ``estimate(model, plan, hardware, batch_tokens=..., seq=...)``.
+
+    The first argument decides: a registered scheme name (``"fsdp"``...) is the MLP of the
+    seeds on ``mesh`` with ``d_model``, ``d_ff`` and ``layers``; a
+    :class:`~shardsim.models.TransformerConfig` or a model preset name (``"llama3-70b"``)
+    is that model under ``plan`` (a :class:`~shardsim.plan.Plan` or its string), estimated by
+    :func:`~shardsim.cost.model_estimate.estimate_model` with ``batch_tokens``, ``seq``,
+    ``chips`` and the options both share (``links``, ``topology``, ``efficiency``,
+    ``optimizer``, ``precision``, ``overlap``, ``prefetch``, ``dtype``).
 
     ``mesh`` is a :class:`~shardsim.Mesh` or ``{"X": 16, ...}``; ``hardware`` a
     :class:`Hardware` or a preset name; ``links`` maps mesh axes to networks (see
@@ -279,9 +293,35 @@ def estimate(
     memory does not fit: needs 90.91 GB of 80 GB (10.91 GB short)
     largest: optimizer 67.95 GB, params 11.32 GB, grads 11.32 GB; over one training step, adam (...)
     """
+    if _is_model(scheme):
+        from .model_estimate import estimate_model
+
+        given = {"batch": batch, "d_model": d_model, "d_ff": d_ff, "axes": axes}
+        wrong = [k for k, v in given.items() if v is not None] + (["layers"] if layers != 1 else [])
+        if wrong or batch_tokens is None or activation != "identity" or pad:
+            raise ShardsimError(
+                f"estimate({scheme if isinstance(scheme, str) else 'cfg'!r}, plan, hardware, ...) estimates a model: "
+                "give batch_tokens= (and seq=), not batch/d_model/d_ff/layers/axes/activation/pad"
+                + (f" (got {wrong})" if wrong else "")
+            )
+        return estimate_model(
+            scheme, mesh, hardware, batch_tokens=batch_tokens, seq=seq, chips=chips,  # type: ignore[arg-type]
+            links=links, topology=topology, efficiency=efficiency, optimizer=optimizer, precision=precision,
+            overlap=overlap, prefetch=prefetch, dtype=dtype,
+        )  # fmt: skip
+    assert isinstance(scheme, str)  # a model went above
+    if isinstance(mesh, (Plan, str)) or batch is None or d_model is None or d_ff is None:
+        raise ShardsimError(
+            f"estimate({scheme!r}, ...): a scheme runs on a mesh with batch, d_model and d_ff, e.g. "
+            f"estimate({scheme!r}, Mesh(X=16), 'h100', batch=65536, d_model=8192, d_ff=32768); "
+            "to estimate a model give a preset name or TransformerConfig first"
+        )
+    if batch_tokens is not None or seq is not None or chips is not None:
+        raise ShardsimError("batch_tokens, seq and chips belong to a model estimate; a scheme takes batch and mesh")
     hw = get_hardware(hardware)
     m = mesh if isinstance(mesh, Mesh) else Mesh(dict(mesh))
-    place(hw, m, links, topology=topology)  # fail early, before tracing, on a layout the hardware cannot hold
+    inner = _gpu_order(hw, scheme, m, axes) if links is None else None
+    place(hw, m, links, topology=topology, inner=inner)  # fail early, before tracing, on a layout it cannot hold
     source = _memory_source(optimizer, precision, dtype)
     sizes = {"d_model": d_model, "d_ff": d_ff}
     try:
@@ -311,6 +351,7 @@ def estimate(
         program,
         hw,
         placement_links=links,
+        inner=inner,
         overlap=overlap,
         prefetch=prefetch,
         batch=batch,
@@ -331,6 +372,28 @@ def estimate(
     else:
         est.memory_source = source
     return est
+
+
+def _is_model(first: Any) -> bool:
+    """A model (config or preset name) rather than a registered scheme's name."""
+    from ..models import names
+
+    return isinstance(first, TransformerConfig) or (isinstance(first, str) and first in names())
+
+
+def _gpu_order(hw: Hardware, scheme: str, mesh: Mesh, axes: Mapping[str, str] | None) -> list[str] | None:
+    """On GPUs, the scheme's axes innermost first by their parallelism's hunger (TP on NVLink)."""
+    from ..strategies import get as get_scheme
+    from ..strategies.runner import resolve_axes
+    from .placement import hungry_first
+
+    if isinstance(next(iter(hw.networks.values())), Torus):
+        return None
+    try:
+        roles = resolve_axes(get_scheme(scheme), mesh, axes)
+    except ShardsimError:
+        return None  # the scheme's own run says what is wrong with its axes
+    return hungry_first(roles, mesh)
 
 
 def _memory_source(optimizer: str, precision: str | None, dtype: str) -> str:
@@ -362,6 +425,7 @@ def estimate_program(
     dtype: str = "bfloat16",
     topology: str | Sequence[int] | None = None,
     efficiency: str | Efficiency = "calibrated",
+    inner: Sequence[str] | None = None,
 ) -> Estimate:
     """An :class:`Estimate` from a program already traced (used by sweeps and critical_batch).
 
@@ -370,7 +434,7 @@ def estimate_program(
     >>> estimate_program(prog, get_hardware("h100"), batch=8 * 4096, d_model=8192, d_ff=32768).bound
     'compute'
     """
-    placement = place(hardware, program.mesh, placement_links, topology=topology)
+    placement = place(hardware, program.mesh, placement_links, topology=topology, inner=inner)
     eff = resolve_efficiency(hardware, efficiency, placement.networks())
     layers = f"{program.layers} layer{'s' if program.layers > 1 else ''}"
     title = f"{program.scheme}, {layers} on {program.mesh}, {hardware.name}"

@@ -204,13 +204,23 @@ def place(
     links: Mapping[str, str | AxisLink] | None = None,
     *,
     topology: str | Sequence[int] | None = None,
+    inner: Sequence[str] | None = None,
 ) -> Placement:
     """Map every axis of ``mesh`` onto ``hardware``'s networks; ``links`` overrides some axes.
 
     ``topology`` (a torus only) is the slice shape, e.g. ``"16x16x16"``: the mesh axes on the
     torus are laid out row-major over it, several sharing one hardware axis where needed.
+    ``inner`` (GPUs) orders the axes innermost first (the first fills the NVLink domain);
+    by default the mesh's last axis is innermost. :func:`hungry_first` gives the order by the
+    axes' parallelisms.
+
+    >>> from shardsim.cost import get_hardware
+    >>> print(place(get_hardware("h100"), Mesh(X=4, Y=8, Z=2), inner=["Y", "Z", "X"]))
+    X=4: scaleout 4
+    Y=8: nvlink 8
+    Z=2: scaleout 2
     """
-    parts = _default_parts(hardware, mesh)
+    parts = _default_parts(hardware, mesh, inner)
     specs: dict[str, AxisLink] = {}
     for axis, link in (links or {}).items():
         mesh.check_axis(axis)
@@ -358,7 +368,28 @@ def _x(shape: Sequence[int] | None) -> str:
     return "x".join(map(str, shape or ()))
 
 
-def _default_parts(hardware: Hardware, mesh: Mesh) -> dict[str, tuple[Part, ...]]:
+HUNGER = {"model": 0, "context": 1, "expert": 1, "pipe": 2, "data": 3}  # who talks most, per step and byte
+
+
+def hungry_first(roles: Mapping[str, str], mesh: Mesh) -> list[str]:
+    """The mesh axes innermost first by how much their parallelism communicates: tensor
+    parallelism (an AllReduce or two per layer, on the critical path), then context and
+    expert parallelism, then the pipeline (one activation per microbatch), data last (one
+    gradient reduction per step, hidden under the backward pass). ``roles`` maps a role
+    (``data``, ``model``, ``pipe``, ``context``, ``expert``) to its mesh axis; axes with no
+    role keep their place, innermost after the others.
+
+    >>> hungry_first({"data": "X", "model": "Y", "pipe": "Z"}, Mesh(X=4, Y=8, Z=2))
+    ['Y', 'Z', 'X']
+    """
+    role_of = {axis: role for role, axis in roles.items()}
+    order = list(reversed(mesh.axis_names))
+    return sorted(order, key=lambda a: (HUNGER.get(role_of.get(a, ""), len(HUNGER)), order.index(a)))
+
+
+def _default_parts(
+    hardware: Hardware, mesh: Mesh, inner: Sequence[str] | None = None
+) -> dict[str, tuple[Part, ...]]:
     names = list(hardware.networks)
     first = hardware.networks[names[0]]
     sizes = dict(zip(mesh.axis_names, mesh.shape))
@@ -370,7 +401,10 @@ def _default_parts(hardware: Hardware, mesh: Mesh) -> dict[str, tuple[Part, ...]
     outer = names[1]
     room = first.domain
     parts: dict[str, tuple[Part, ...]] = {}
-    for a in reversed(mesh.axis_names):
+    order = list(inner) if inner is not None else list(reversed(mesh.axis_names))
+    if sorted(order) != sorted(mesh.axis_names):
+        raise CostModelError(f"inner={list(order)} must name each axis of {mesh} once, innermost first")
+    for a in order:
         n = sizes[a]
         if n <= room and room % n == 0:
             parts[a] = (Part(names[0], n),)

@@ -26,8 +26,9 @@
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ..errors import ShardsimError
@@ -70,6 +71,9 @@ def schedule(steps: Sequence[Step], slots: Sequence[Slot], *, overlap: bool = Tr
     def dep(i: int) -> float:
         return max((ready.get(v, 0.0) for v in steps[i].inputs), default=0.0)
 
+    def issued(i: int) -> float:  # a collective may start once its inputs exist and it is issued
+        return max(dep(i), started.get(issued_by.get(i, -1), 0.0))
+
     k = 0
     while k < len(order):
         i = order[k]
@@ -86,23 +90,51 @@ def schedule(steps: Sequence[Step], slots: Sequence[Slot], *, overlap: bool = Tr
         while k < len(order) and not _computes(slots[order[k]]):
             run.append(order[k])
             k += 1
-        made = {steps[i].output: i for i in run}
-        while run:
-            pending = {made[v] for v in made if made[v] in run}
-            candidates = [i for i in run if not any(made.get(v) in pending for v in steps[i].inputs)] or run[:1]
-            when = {i: max(dep(i), started.get(issued_by.get(i, -1), 0.0)) for i in candidates}
-            i = min(candidates, key=lambda c: (when[c], run.index(c)))
-            run.remove(i)
+        for i in _ready_first(run, steps, issued):
             slot = slots[i]
             if slot.stream is None:  # a free local op: its value exists when its inputs do
                 ready[steps[i].output] = dep(i)
                 continue
-            start = _first_gap([busy[s] for s in slot.links], when[i], slot.seconds)
+            start = _first_gap([busy[s] for s in slot.links], issued(i), slot.seconds)
             for s in slot.links:
                 busy[s].add(start, start + slot.seconds)
             ready[steps[i].output] = start + slot.seconds
             out.append(Placed(i, start, start + slot.seconds))
     return out
+
+
+def _ready_first(run: list[int], steps: Sequence[Step], when: Callable[[int], float]) -> Iterator[int]:
+    """The collectives of ``run`` in the order they go: among those whose inputs from the run
+    are placed, the one issued and ready first (then program order). A collective's time is
+    fixed once its run inputs are placed, so a heap of the eligible ones gives the order."""
+    made = {steps[i].output: i for i in run}
+    position = {i: k for k, i in enumerate(run)}
+    waiting = {i: {made[v] for v in steps[i].inputs if v in made and made[v] != i} for i in run}
+    readers: dict[int, list[int]] = defaultdict(list)
+    for i, producers in waiting.items():
+        for p in producers:
+            readers[p].append(i)
+    heap: list[tuple[float, int, int]] = []
+    left = set(run)
+
+    def push(i: int) -> None:
+        heapq.heappush(heap, (when(i), position[i], i))
+
+    for i in run:
+        if not waiting[i]:
+            push(i)
+    while left:
+        if not heap:  # a cycle among the run (cannot happen in a trace): the first left goes
+            push(min(left, key=position.__getitem__))
+        _, _, i = heapq.heappop(heap)
+        if i not in left:
+            continue
+        left.discard(i)
+        yield i  # the caller places it before the readers' times are asked for
+        for r in readers.pop(i, []):
+            waiting[r].discard(i)
+            if not waiting[r] and r in left:
+                push(r)
 
 
 def _serial(steps: Sequence[Step], slots: Sequence[Slot]) -> list[Placed]:

@@ -140,18 +140,26 @@ class Timeline:
         """Per phase, seconds of: ``compute`` (roofline), ``flops`` (FLOPs at peak alone),
         ``memory`` (HBM traffic alone), ``comm`` (sum of collective times) and, per mesh
         axis, ``comm X`` ... (the collectives using that axis's links). When chips run
-        different steps (pipeline stages), compute, FLOPs and HBM times are the busiest chips'."""
+        different steps (pipeline stages), every figure is the busiest chips' (each set of
+        chips' own compute and collectives, then the largest), so a pipeline's communication
+        is not summed over stages against one stage's FLOPs."""
         out: dict[str, dict[str, float]] = {}
-        for b in self.bars:
-            row = out.setdefault(b.phase, {"compute": 0.0, "flops": 0.0, "memory": 0.0, "comm": 0.0})
-            if not b.is_compute:
+        for bars in _by_chips(self.bars).values():
+            mine: dict[str, dict[str, float]] = {}
+            for b in bars:
+                row = mine.setdefault(b.phase, {"compute": 0.0, "flops": 0.0, "memory": 0.0, "comm": 0.0})
+                if b.is_compute:
+                    row["compute"] += b.seconds
+                    row["flops"] += b.flops_s
+                    row["memory"] += b.memory_s
+                    continue
                 row["comm"] += b.seconds
                 for link in [f"comm {a}" for a in b.axes] or [b.stream]:
                     row[link] = row.get(link, 0.0) + b.seconds
-        chips = [[b for b in bars if b.is_compute] for bars in _by_chips(self.bars).values()]
-        for phase, row in out.items():
-            for key, attr in (("compute", "seconds"), ("flops", "flops_s"), ("memory", "memory_s")):
-                row[key] = max((sum(getattr(b, attr) for b in bars if b.phase == phase) for bars in chips), default=0.0)
+            for phase, row in mine.items():
+                total = out.setdefault(phase, dict.fromkeys(row, 0.0))
+                for key, seconds in row.items():
+                    total[key] = max(total.get(key, 0.0), seconds)
         return out
 
     def text(self, width: int = 100) -> str:
@@ -416,13 +424,16 @@ def _by_chips(bars: Sequence[Bar]) -> dict[str, list[Bar]]:
 def _with_hidden(bars: list[Bar]) -> list[Bar]:
     """Fill ``hidden``: the seconds each collective overlaps the compute of its chips."""
     compute = {g: [b for b in group if b.is_compute] for g, group in _by_chips(bars).items()}
+    fallback = compute.get("") or max(compute.values(), key=len)
+    starts_of = {g: [c.start for c in mine] for g, mine in compute.items()}
     out = []
     for b in bars:
         if b.is_compute or b.seconds == 0:
             out.append(b)
             continue
-        mine = compute.get(b.where) or compute.get("") or max(compute.values(), key=len)
-        starts = [c.start for c in mine]
+        group = b.where if compute.get(b.where) else "" if compute.get("") else None
+        mine = compute[group] if group is not None else fallback
+        starts = starts_of[group] if group is not None else [c.start for c in fallback]
         hidden = 0.0
         k = max(0, bisect.bisect_right(starts, b.start) - 1)
         while k < len(mine) and mine[k].start < b.end:

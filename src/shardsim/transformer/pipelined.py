@@ -33,7 +33,8 @@ from ..models import TransformerConfig
 from ..pieces import place, split
 from ..pipeline.schedule import make
 from ..plan import Plan
-from ..tracing import phase, trace
+from ..tracing import item as in_item
+from ..tracing import layer, phase, trace
 from . import checks
 from .blocks import layer_backward, layer_forward
 from .embedding import embed_backward, embed_forward, head_backward, head_forward, loss_value
@@ -93,12 +94,13 @@ def run_pipelined(
             step = Step(cfg, roles, weights, dropout_seed, micro=(j, m))
             layers = range(k * per_virtual, (k + 1) * per_virtual)
             if item.kind == "F":
-                with phase("forward"):
+                with phase("forward"), in_item(f"F{k}.{j}"):
                     x = embed_forward(step, tok_mb[j]) if k == 0 else sent.pop(("F", k, j))
                     stash = []
                     for i in layers:
                         before = mesh.memory.live("activations")
-                        x, saved = layer_forward(step, i, x)
+                        with layer(i):
+                            x, saved = layer_forward(step, i, x)
                         if roles.recompute == "full":
                             saved = {"attn.x": saved["attn.x"]}
                         stash.append(saved)
@@ -116,7 +118,7 @@ def run_pipelined(
                         sent[("F", k + 1, j)] = ppermute(x, pipe, 1, label="x")
                     del x
             else:
-                with phase("backward"):
+                with phase("backward"), in_item(f"B{k}.{j}"):
                     if k == last:
                         dx, g = head_backward(step, heads.pop(j), tgt_mb[j], dtype, tokens=b * s)
                         grads.add(g)
@@ -125,10 +127,11 @@ def run_pipelined(
                     stash = kept.pop((k, j))
                     for i in reversed(layers):
                         saved = stash.pop()
-                        if roles.recompute == "full":
-                            with phase("recompute"):
-                                saved = layer_forward(step, i, saved["attn.x"])[1]
-                        dx, g = layer_backward(step, i, saved, dx)
+                        with layer(i):
+                            if roles.recompute == "full":
+                                with phase("recompute"):
+                                    saved = layer_forward(step, i, saved["attn.x"])[1]
+                            dx, g = layer_backward(step, i, saved, dx)
                         del saved
                         grads.add(g)
                     if k == 0:

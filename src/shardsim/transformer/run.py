@@ -37,7 +37,7 @@ from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..models.inputs import check_params
 from ..plan import Plan
-from ..tracing import Trace, phase, trace
+from ..tracing import Trace, layer, phase, trace
 from ..training.precision import Precision
 from . import checks, context_parallel
 from .blocks import layer_backward, layer_forward
@@ -117,6 +117,10 @@ class _Gradients:
             self.finish(key, self.pending.pop(key))
 
     def finish(self, key: str, g: ShardedArray) -> None:
+        with layer(int(key.split(".")[1]) if key.startswith("layers.") else -1):  # a layer's weight: its layer's work
+            self._reduce(key, g)
+
+    def _reduce(self, key: str, g: ShardedArray) -> None:
         r = self.step.roles
         if r.context is not None and r.context in g.layout.partial:  # a sum over the context block's tokens
             if r.data is not None and r.zero < 2:  # one AllReduce over the data x context group, as Megatron
@@ -181,7 +185,8 @@ def run_model(
             kept: list[dict[str, ShardedArray]] = []
             for i in range(cfg.layers):
                 before = mesh.memory.live("activations")
-                x, saved = layer_forward(step, i, x)
+                with layer(i):
+                    x, saved = layer_forward(step, i, x)
                 if roles.recompute == "full":
                     saved = {"attn.x": saved["attn.x"]}  # the block input only
                 kept.append(saved)
@@ -197,10 +202,11 @@ def run_model(
             grads.add(g)
             for i in reversed(range(cfg.layers)):
                 saved, kept[i] = kept[i], {}
-                if roles.recompute == "full":
-                    with phase("recompute"):
-                        saved = layer_forward(step, i, saved["attn.x"])[1]  # its output dies at once
-                dx, g = layer_backward(step, i, saved, dx)
+                with layer(i):
+                    if roles.recompute == "full":
+                        with phase("recompute"):
+                            saved = layer_forward(step, i, saved["attn.x"])[1]  # its output dies at once
+                    dx, g = layer_backward(step, i, saved, dx)
                 del saved
                 grads.add(g)
             grads.add(embed_backward(step, tok, dx))
