@@ -5,6 +5,7 @@ Run by hand (not by pytest):
     python benchmarks/calibration.py            # rewrite the generated blocks of docs/calibration.md
     python benchmarks/calibration.py --check    # exit 1 if the page is not what the code computes
     python benchmarks/calibration.py --fit      # refit each chip's non_matmul on its "fit" rows
+    python benchmarks/calibration.py --all      # print the runs table with every row (tens of minutes)
 
 Every number comes from ``shardsim.cost.calibration`` (``table``, ``constants_table``), the
 collective comparison (``shardsim.cost.measured``) and the critical batches under both
@@ -33,7 +34,12 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
     parser.add_argument("--fit", action="store_true", help="refit non_matmul per chip and print it beside the preset")
     parser.add_argument("--only", nargs="*", help="blocks to regenerate (default: all)")
+    parser.add_argument("--all", action="store_true", help="print the runs table without the page's size budget")
     args = parser.parse_args()
+
+    if args.all:
+        print(calibration.table(budget=None))
+        return 0
 
     if args.fit:
         for chip in sorted({r.hardware for r in calibration.RUNS if r.role == "fit"}):

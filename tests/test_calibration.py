@@ -13,16 +13,26 @@ from pathlib import Path
 
 import pytest
 
-from shardsim import CostModelError, DivisibilityError
-from shardsim.cost import Calibration, CalibrationWarning, critical_both, get_hardware, resolve_efficiency
+from shardsim import CostModelError, DivisibilityError, Mesh
+from shardsim.cost import (
+    Calibration,
+    CalibrationWarning,
+    CollectiveEfficiency,
+    collective_time,
+    critical_both,
+    get_hardware,
+    place,
+    resolve_efficiency,
+)
 from shardsim.cost import calibration as cal
 from shardsim.cost.critical import critical_table
 from shardsim.cost.measured import comparison_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "docs" / "calibration.md").read_text()
-FIT = [r for r in cal.RUNS if r.role == "fit" and cal.predictable(r)]
-TABLE1 = [r for r in cal.RUNS if r.group.startswith("PTD-P Table 1") and cal.predictable(r)]
+# the A100 rows the constant was read from (no pipeline: a second each); the pipelined and the
+# H100 rows take minutes and are held to the page by ``benchmarks/calibration.py --check``
+FIT = [r for r in cal.RUNS if r.role == "fit" and r.hardware == "a100"]
 
 
 def _eq3(run: cal.Run) -> float:
@@ -55,11 +65,6 @@ def test_fit_rows_are_within_15_percent_and_the_constant_is_their_fit():
 
     assert log_error(here - 0.02) > 0 > log_error(here + 0.02)
     assert abs(log_error(here)) < 0.01
-
-
-def test_every_predicted_table1_row_is_within_15_percent():
-    for r in TABLE1:
-        assert abs(cal.predict(r).error) < 0.15, r.name
 
 
 def test_zero3_throughput_per_gpu_falls_at_fixed_global_batch():
@@ -103,20 +108,22 @@ def _bisect(f, lo, hi):
 
 def test_calibrated_critical_batch_of_fsdp_on_256_a100s_by_hand():
     # the critical table's fsdp / a100 / 256 row. Forward: two AllGathers of V = 2 D F bytes,
-    # NVLink level V 7/8 / 300e9 and scale-out level V 31/32 / (8 x 25e9), each at its curve,
-    # the slower binds; against two matmuls of 2 b D F FLOPs at the MAMF curve, times
-    # (1 + non_matmul) for the kernels the trace does not time.
+    # NVLink level V 7/8 / 300e9 and scale-out level V 31/32 / (8 x 25e9), each at its plateau,
+    # the slower binds; plus NCCL's ring latency: 8.4 us, and 256 - 32 NVLink steps of 5.7 us
+    # and 32 - 1 network steps of 6.6 us. Against two matmuls of 2 b D F FLOPs at the MAMF
+    # curve, times (1 + non_matmul) for the kernels the trace does not time.
     d, f = 8192, 32768
     a100 = get_hardware("a100")
     eff = resolve_efficiency(a100, "calibrated", ["nvlink", "scaleout"])
     v = 2 * d * f
-    nvlink = v * 7 / 8 / (300e9 * eff.networks["nvlink"].fraction(v))
-    scaleout = v * 31 / 32 / (8 * 25e9 * eff.networks["scaleout"].fraction(v))
-    t_comm = 2 * max(nvlink, scaleout)
+    nvlink = v * 7 / 8 / (300e9 * 235 / 300)
+    scaleout = v * 31 / 32 / (8 * 25e9 * 24 / 25)
+    ring = 8.4e-6 + 224 * 5.7e-6 + 31 * 6.6e-6
+    t_comm = 2 * (max(nvlink, scaleout) + ring)
 
     def excess(b):
         intensity = b * d * f / (b * d + d * f + b * f)
-        return t_comm - 2 * 2 * b * d * f * 1.55 / (a100.flops() * eff.matmul_fraction(intensity))
+        return t_comm - 2 * 2 * b * d * f * (1 + eff.non_matmul) / (a100.flops() * eff.matmul_fraction(intensity))
 
     pair = critical_both("fsdp", "a100", chips=256)
     assert pair.ideal.per_chip_batch == pytest.approx(3.12e14 / 2e11)  # C / W_node = 1560
@@ -125,16 +132,34 @@ def test_calibrated_critical_batch_of_fsdp_on_256_a100s_by_hand():
     assert f"| {pair.calibrated.per_chip_batch:,.1f} |" in table[2]
 
 
+def test_ring_latency_grows_with_the_ring():
+    # NCCL's model: an AllGather over N A100s in nodes of 8 pays 8.4 us + (N - nodes) x 5.7 us
+    # + (nodes - 1) x 6.6 us on top of its bandwidth term; the ideal model pays neither
+    a100 = get_hardware("a100")
+    eff = resolve_efficiency(a100, "calibrated", ["nvlink", "scaleout"])
+    v = 1e9
+    for n in (384, 1536):
+        nodes = n // 8
+        route = place(a100, Mesh(X=n)).route("X")
+        t = collective_time("all_gather", v, route, a100.ring, eff)
+        bw = max(v * 7 / 8 / 235e9, v * (nodes - 1) / nodes / (8 * 24e9))
+        assert t.seconds == pytest.approx(bw + 8.4e-6 + (n - nodes) * 5.7e-6 + (nodes - 1) * 6.6e-6, rel=1e-9)
+    assert CollectiveEfficiency(0.9, step_s=1e-6).step_s == 1e-6
+    with pytest.raises(CostModelError, match="step_s"):
+        CollectiveEfficiency(0.9, step_s=-1.0)
+
+
 def test_non_matmul_slows_only_calibrated_compute():
     run = cal.RUNS[0]
     a100 = get_hardware("a100")
     assert a100.calibration is not None
     bare = a100.with_(calibration=dataclasses.replace(a100.calibration, non_matmul=0.0))
     with_kernels, without = cal.predict(run), cal.predict(run, hardware=bare)
-    # data parallel, comm hidden: the step is (almost) all compute, so 1 + 0.55 longer
-    assert with_kernels.step_s / without.step_s == pytest.approx(1.55, rel=0.01)
+    # data parallel, comm hidden: the step is (almost) all compute, so 1 + non_matmul longer
+    k = a100.calibration.non_matmul
+    assert with_kernels.step_s / without.step_s == pytest.approx(1 + k, rel=0.01)
     assert cal.predict(run, "ideal").step_s == cal.predict(run, "ideal", hardware=bare).step_s
-    assert "untimed kernels +55% of matmul time" in resolve_efficiency(a100, "calibrated").describe()
+    assert f"untimed kernels +{k:.0%} of matmul time" in resolve_efficiency(a100, "calibrated").describe()
 
 
 def test_bad_input_is_named():

@@ -22,7 +22,6 @@ without recomputation over the step.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,9 +31,9 @@ from ..errors import ShardsimError
 from ..models import TransformerConfig
 from ..models import presets as model_presets
 from ..plan import Plan
-from ..tracing import Trace
 from .efficiency import Calibration
 from .hardware import Hardware
+from .model_estimate import ModelEstimate
 from .presets import get_hardware
 
 PTDP = "Narayanan et al. 2021 (PTD-P)"
@@ -132,7 +131,7 @@ def _zero3(gpus: int, tflops: float) -> Run:
 def _llama(gpus: int, cp: int, dp: int, tflops: float, mfu: float, role: str = "check") -> Run:
     seq = 8192 * cp if cp > 1 else 8192
     batch = 16 * 2**20 // seq  # "16M" tokens per step (Table 4)
-    plan = Plan(dp=dp, zero=1, tp=8, cp=cp, pp=16, microbatches=batch // dp)
+    plan = Plan(dp=dp, zero=1, tp=8, cp=cp, pp=16, microbatches=batch // dp, schedule="interleaved", virtual_stages=2)
     # 126 layers: 16 stages of 8 with one fewer on the first and the last (Llama 3 §3.3.2);
     # equal stages of 8 have the same busiest stage, so the step is the same
     layers = (("layers", 128),)
@@ -148,7 +147,8 @@ def _llama(gpus: int, cp: int, dp: int, tflops: float, mfu: float, role: str = "
         role,
         measured_mfu=mfu,
         overrides=(*layers, ("seq", seq)) if cp > 1 else layers,
-        assumed="microbatch 1, 1F1B; FSDP that keeps the weights after the forward pass as ZeRO-1 "
+        assumed="microbatch 1, the interleaved schedule with 2 chunks per stage (the least interleaving); "
+        "FSDP that keeps the weights after the forward pass as ZeRO-1 "
         "(one gradient ReduceScatter and one weight AllGather per step); 16 equal stages of 8 layers, "
         "FLOPs counted for 126",
         counted_layers=126,
@@ -197,48 +197,41 @@ class Prediction:
 
 
 def predict(run: Run, efficiency: str = "calibrated", hardware: Hardware | None = None) -> Prediction:
-    """The cost model's figures for ``run``: the program's own trace, timed on the preset
-    (or on ``hardware``, the same chip with other constants, as :func:`fit_non_matmul` tries).
+    """The cost model's figures for ``run``: :func:`~shardsim.cost.estimate` of its model under
+    its plan on the preset (or on ``hardware``, the same chip with other constants, as
+    :func:`fit_non_matmul` tries). Warns if the chip lacks a measured curve.
 
     >>> p = predict(RUNS[0])
     >>> p.run.name, abs(p.error) < 0.15
     ('PTD-P 1.7B', True)
     """
-    from .timeline import timeline_of
-
-    plan, hw = run.parsed_plan, hardware or get_hardware(run.hardware)
-    trace = _trace(run)
-    tl = timeline_of(trace, hw, plan.mesh(), efficiency=efficiency)  # warns if the chip lacks a curve
-    # an event's FLOPs are one chip's; a pipeline stage's events (Event.where) run on 1/pp of the chips
-    matmuls = [e for e in trace.events if e.flops]
-    stages = plan.pp if any(e.where for e in matmuls) else 1
+    est = _estimate(run, efficiency, hardware or get_hardware(run.hardware))
     counted = (run.counted_layers or run.config.layers) / run.config.layers
-    hardware_flops = sum(e.flops for e in matmuls) / stages * counted
-    model_flops = sum(e.flops for e in matmuls if e.phase != "recompute") / stages * counted
-    return Prediction(
-        run, tl.step_s, hardware_flops / tl.step_s / 1e12, model_flops / tl.step_s / hw.flops("bfloat16"), efficiency
-    )
+    tflops = est.hardware_flops * counted / run.chips / est.step_s / 1e12
+    return Prediction(run, est.step_s, tflops, est.mfu * counted, efficiency)
 
 
-@functools.lru_cache(maxsize=32)
-def _trace(run: Run) -> Trace:
-    """The run's training step, traced shape-only at its real sizes (cached: a fit re-times it)."""
-    from ..array import ShapeDtype
-    from ..transformer.run import run_model
+def _estimate(run: Run, efficiency: str, hardware: Hardware) -> ModelEstimate:
+    """The whole-model estimate of ``run`` (its program is cached by the cost model: a fit re-times it)."""
+    from .estimator import estimate
 
-    cfg, plan = run.config, run.parsed_plan
-    params = {k: ShapeDtype(v, "bfloat16") for k, v in cfg.param_shapes().items()}
-    tokens = ShapeDtype((run.batch, cfg.seq), "int32")
     try:
-        return run_model(cfg, plan, plan.mesh(), params, tokens, tokens).trace
+        est = estimate(
+            run.config, run.parsed_plan, hardware, batch_tokens=run.batch_tokens, seq=run.seq, efficiency=efficiency
+        )
     except ShardsimError as err:
         raise type(err)(f"{run.name} ({run.source}): {err}") from None
+    assert isinstance(est, ModelEstimate)
+    return est
 
 
-def fit_non_matmul(runs: Sequence[Run], lo: float = 0.0, hi: float = 4.0, tol: float = 1e-3) -> float:
+def fit_non_matmul(runs: Sequence[Run], tol: float = 2e-3, steps: int = 8) -> float:
     """The :class:`~shardsim.cost.Calibration` ``non_matmul`` of the runs' chip that makes the
-    geometric mean of predicted over measured throughput 1 over ``runs`` (bisection).
+    geometric mean of predicted over measured throughput 1 over ``runs``.
 
+    The mean log error falls smoothly as ``non_matmul`` grows (every matmul slows by
+    ``1 + non_matmul``), so a few secant steps from 0 and 0.5 find it; each step re-times
+    the runs' cached programs. 0 when the runs are slower than measured even without it.
     This is how the presets' value was read from the ``fit`` rows; the other rows are checks.
     """
     names = {r.hardware for r in runs}
@@ -251,40 +244,58 @@ def fit_non_matmul(runs: Sequence[Run], lo: float = 0.0, hi: float = 4.0, tol: f
         hw = base.with_(calibration=dataclasses.replace(cal, non_matmul=value))
         return sum(math.log1p(predict(r, hardware=hw).error) for r in runs) / len(runs)
 
-    while hi - lo > tol:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if log_error(mid) > 0 else (lo, mid)
-    return (lo + hi) / 2
+    x0, x1 = 0.0, 0.5
+    f0 = log_error(x0)
+    if f0 <= 0:
+        return 0.0
+    f1 = log_error(x1)
+    for _ in range(steps):
+        x2 = max(0.0, x1 - f1 * (x1 - x0) / (f1 - f0))
+        if abs(x2 - x1) < tol:
+            return x2
+        x0, f0, x1, f1 = x1, f1, x2, log_error(x2)
+    return x1
 
 
-def not_predicted(run: Run) -> str | None:
-    """Why :func:`predict` does not time ``run`` today, or None when it does."""
+# Layer-microbatches (layers x microbatches) above which a pipelined row's time line, several
+# million steps, takes too long to build in the docs' regeneration; predict() still times it.
+PAGE_BUDGET = 10_000
+
+
+def not_predicted(run: Run, budget: int | None = PAGE_BUDGET) -> str | None:
+    """Why the table does not time ``run``, or None when it does (``budget=None``: no size limit)."""
     plan = run.parsed_plan
     if plan.pp > 1 and plan.cp > 1:
         return "run_model does not pipeline a context-parallel model yet"
-    if plan.pp > 1:
-        steps = f"{plan.microbatches} microbatches x {run.config.layers} layers"
-        return f"the whole pipeline trace ({steps}) is too long to record at this size"
+    size = run.config.layers * plan.microbatches
+    if budget is not None and plan.pp > 1 and size > budget:
+        return (
+            f"{run.config.layers} layers x {plan.microbatches} microbatches: a time line of millions of steps, "
+            f"beyond the page's budget of {budget:,} layer-microbatches (predict() times it)"
+        )
     return None
 
 
-def predictable(run: Run) -> bool:
-    """Whether :func:`predict` times ``run`` today (:func:`not_predicted` says why not)."""
-    return not_predicted(run) is None
+def predictable(run: Run, budget: int | None = PAGE_BUDGET) -> bool:
+    """Whether the table times ``run`` (:func:`not_predicted` says why not)."""
+    return not_predicted(run, budget) is None
 
 
-def predictions(runs: Sequence[Run] = RUNS, efficiency: str = "calibrated") -> list[Prediction]:
+def predictions(
+    runs: Sequence[Run] = RUNS, efficiency: str = "calibrated", budget: int | None = PAGE_BUDGET
+) -> list[Prediction]:
     """:func:`predict` for every run that :func:`predictable` allows."""
-    return [predict(r, efficiency) for r in runs if predictable(r)]
+    return [predict(r, efficiency) for r in runs if predictable(r, budget)]
 
 
-def table(runs: Sequence[Run] = RUNS) -> str:
-    """Every run, measured beside predicted, as the Markdown table of ``docs/calibration.md``."""
+def table(runs: Sequence[Run] = RUNS, budget: int | None = PAGE_BUDGET) -> str:
+    """Every run, measured beside predicted, as the Markdown table of ``docs/calibration.md``
+    (``budget=None`` times every row, the largest pipelines included: tens of minutes)."""
     lines = [
         "| run | plan | GPUs | batch | measured TFLOP/s | predicted | error | predicted MFU | row | source |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
-    done = {p.run: p for p in predictions(runs)}
+    done = {p.run: p for p in predictions(runs, budget=budget)}
     for r in runs:
         head = f"| {r.name} | `{r.plan}` | {r.chips:,} | {r.batch:,} | {r.measured_tflops:.0f} "
         p = done.get(r)
@@ -292,7 +303,7 @@ def table(runs: Sequence[Run] = RUNS) -> str:
             lines.append(head + f"| not predicted | | | {r.role} | {r.source} |")
         else:
             lines.append(head + f"| {p.tflops:.0f} | {p.error:+.0%} | {p.mfu:.1%} | {r.role} | {r.source} |")
-    missing = [(r.name, not_predicted(r)) for r in runs if r not in done]
+    missing = [(r.name, not_predicted(r, budget)) for r in runs if r not in done]
     if missing:
         lines += ["", "Not predicted:", ""] + [f"- {name}: {why}." for name, why in missing]
     return "\n".join(lines)
@@ -306,11 +317,12 @@ def constants_table() -> str:
     for name in hardware_names():
         cal = get_hardware(name).calibration
         fit = [r.name for r in RUNS if r.hardware == name and r.role == "fit"]
-        if cal is None or not cal.non_matmul:
+        if not fit and (cal is None or not cal.non_matmul):
             lines.append(f"| `{name}` | 0 | no published end-to-end run in the table | |")
             continue
-        rows = ", ".join(fit) if fit else "borrowed"
-        lines.append(f"| `{name}` | {cal.non_matmul:g} | {rows} | {cal.source} |")
+        value = cal.non_matmul if cal is not None else 0.0
+        source = cal.source if cal is not None else ""
+        lines.append(f"| `{name}` | {value:g} | {', '.join(fit) or 'borrowed'} | {source} |")
     return "\n".join(lines)
 
 

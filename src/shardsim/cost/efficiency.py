@@ -12,7 +12,8 @@ measured curves (constants and sources in ``docs/cost-model.md``):
 - **collective**: the bandwidth term of each network a collective crosses is divided by
   ``peak_fraction`` x V / (V + ``half_bytes``): the achieved bus bandwidth of a ring climbs
   with the message size V to a plateau below the link rate (nccl-tests' busbw). Rings pay
-  (N-1)/N, as measured rings do, and ``launch_s`` is added once per collective.
+  (N-1)/N, as measured rings do, and ``launch_s`` is added once per collective; ``step_s``
+  is charged per ring step over the network (a ring's latency grows with its length).
 - **the kernels a trace does not time** (norms, softmax, GeLU, dropout, residual adds, the
   optimizer step, launches): ``non_matmul`` seconds of them per second of matmul, so every
   matmul's time on the compute stream is multiplied by ``1 + non_matmul``. A chip's value is
@@ -98,7 +99,8 @@ class CollectiveEfficiency:
     """Achieved over link bandwidth of a collective moving V bytes: ``peak_fraction x V / (V + half_bytes)``.
 
     ``launch_s`` is a fixed time every collective pays on top (measured small-message time
-    beyond the per-hop latency).
+    beyond the per-hop latency); ``step_s`` the latency of each step of a ring over this
+    network, paid on top of the bandwidth term (NCCL's time model; 0: none).
 
     >>> CollectiveEfficiency(0.83, half_bytes=86e6).fraction(10e9) > 0.82
     True
@@ -108,11 +110,13 @@ class CollectiveEfficiency:
     half_bytes: float = 0.0
     launch_s: float = 0.0
     source: str = ""
+    step_s: float = 0.0
 
     def __post_init__(self) -> None:
         _fraction("peak_fraction", self.peak_fraction)
         _non_negative("half_bytes", self.half_bytes)
         _non_negative("launch_s", self.launch_s)
+        _non_negative("step_s", self.step_s)
 
     def fraction(self, nbytes: float) -> float:
         """Achieved / link bandwidth for an array of ``nbytes`` (V)."""
