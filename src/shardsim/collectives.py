@@ -47,11 +47,14 @@ from .mesh import normalize_axes
 Axes = str | Iterable[str]
 
 
-def all_gather(x: ShardedArray, axis: Axes, *, label: str | None = None) -> ShardedArray:
+def all_gather(
+    x: ShardedArray, axis: Axes, *, label: str | None = None, category: str | None = None
+) -> ShardedArray:
     """Un-split the dimension split over ``axis``: ``[B_X, D] -> [B, D]`` (AllGather_X).
 
     ``axis`` must be the minor end of that dimension's split (``D_XY``: gather ``Y`` or
-    ``("X", "Y")``), so the blocks concatenate in global order.
+    ``("X", "Y")``), so the blocks concatenate in global order. The result is in ``x``'s
+    ledger category unless ``category`` names another (a gathered weight is a buffer).
     """
     axes = _axes(x, axis, "all_gather")
     dim = _split_dim(x, axes, "all_gather")
@@ -61,7 +64,7 @@ def all_gather(x: ShardedArray, axis: Axes, *, label: str | None = None) -> Shar
     data = None
     if not x.is_shape_only:
         data = engines.active().all_gather(x.compact(), _nm(x), _positions(x, axes), axes, dim)
-    out = _new(x, layout, data, label)
+    out = _new(x, layout, data, label, category=category)
     n = x.mesh.axis_size(axes)
     moved = (n - 1) * x.local_nbytes
     tracing.record("all_gather", axes, [x], out, sent_bytes=moved, received_bytes=moved, **_sizes(out, n))
@@ -340,6 +343,7 @@ def _new(
     *,
     lazy: _LazyMatmul | None = None,
     holders: np.ndarray | None = None,
+    category: str | None = None,
 ) -> ShardedArray:
     return ShardedArray(
         x.mesh,
@@ -349,7 +353,7 @@ def _new(
         data,
         lazy=lazy,
         label=label or x.label,
-        category=x.category,
+        category=x.category if category is None else category,
         holders=x.holders if holders is None else holders,
     )
 

@@ -343,7 +343,9 @@ def local_slice(
         nm = len(x.mesh.shape)
         pos = [x.mesh.axis_index(a) for a in axes_t]
         data = engines.active().local_slice(x.compact(), nm, pos, axes_t, [x.mesh.axis_size(a) for a in axes_t], i)
-    out = ShardedArray(x.mesh, layout, x.global_shape, x.dtype, data, label=label or x.label, category=x.category)
+    out = ShardedArray(
+        x.mesh, layout, x.global_shape, x.dtype, data, label=label or x.label, category=x.category, holders=x.holders
+    )  # a slice of a pipeline stage's value lives on that stage only
     record(
         "slice",
         axes_t,

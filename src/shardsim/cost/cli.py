@@ -38,6 +38,7 @@ from .._cli_output import add_output_options, write_csv, write_json
 from .._options import key_values
 from ..errors import CommandLineError
 from ..mesh import Mesh
+from ..plan import Plan
 from .critical import Critical, critical_batch, scheme_mesh
 from .estimator import Estimate, estimate, sweep
 from .hardware import Hardware
@@ -49,14 +50,30 @@ COST_SCHEMES = ("ddp", "fsdp", "tp", "fsdp_tp")
 def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``shardsim estimate``."""
     _common(parser)
-    parser.add_argument("--scheme", default="fsdp", help="ddp, fsdp, tp or fsdp_tp (default fsdp)")
+    parser.add_argument("--scheme", help="ddp, fsdp, tp or fsdp_tp (default fsdp)")
     _mesh_options(parser, "mesh axes, e.g. X=16 or X=64,Y=4 (default: --chips laid out for the scheme)")
     parser.add_argument(
-        "--chips", type=count("cost_chips"), default=16, help="chips when --mesh is not given (default 16)"
+        "--chips",
+        type=count("cost_chips"),
+        help="chips when --mesh is not given (default 16); with --model, the plan's product (checked)",
     )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--batch", type=count("batch"), help="global batch in tokens")
-    size.add_argument("--per-chip-batch", type=count("batch"), default=4096, help="tokens per chip (default 4096)")
+    size.add_argument("--per-chip-batch", type=count("batch"), help="tokens per chip (default 4096)")
+    model = parser.add_argument_group("a model under a plan (instead of --scheme and --mesh)")
+    model.add_argument("--model", help="a model preset, e.g. llama3-70b, gpt3-175b (shardsim.models.names())")
+    model.add_argument("--plan", help="the plan, e.g. dp=16,tp=8,pp=4,zero=1,microbatches=16 (default dp=--chips)")
+    model.add_argument(
+        "--batch-tokens",
+        type=tokens_type,
+        help="global batch in tokens; K, M, G, T are powers of 2 (16M = 2**24 = 2,048 x 8,192)",
+    )
+    model.add_argument("--seq", type=count("batch"), help="sequence length (default: the model's context)")
+    model.add_argument(
+        "--train-tokens", type=tokens_type, help="a token budget: also print the days it takes (e.g. 15e12)"
+    )
+    model.add_argument("--optimizer", default="adam", help="sgd, momentum, adam, adamw (default adam)")
+    model.add_argument("--precision", help="fp32, bf16, fp16... (default: the plan's, else bf16)")
     parser.add_argument("--no-overlap", action="store_true", help="run communication and compute one after the other")
     parser.add_argument(
         "--width", type=count("columns", low=20), default=100, help="width of the text time line (default 100)"
@@ -76,6 +93,14 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_estimate(args: argparse.Namespace) -> int:
     """Run ``shardsim estimate``: summary, text time line, optional breakdown, PNG, critical batch."""
+    if args.model is not None:
+        return cli_model_estimate(args)
+    for flag in ("plan", "batch_tokens", "seq", "train_tokens", "precision"):
+        if getattr(args, flag) is not None:
+            raise CommandLineError(f"--{flag.replace('_', '-')} belongs to a model estimate: give --model too")
+    args.scheme = "fsdp" if args.scheme is None else args.scheme
+    args.chips = 16 if args.chips is None else args.chips
+    args.per_chip_batch = 4096 if args.per_chip_batch is None else args.per_chip_batch
     hw = _hardware(args)
     scheme = _scheme(args.scheme)
     _check_png(args.png)
@@ -108,18 +133,126 @@ def cli_estimate(args: argparse.Namespace) -> int:
         print(est.summary())
         print(est.timeline.text(args.width))
         if args.breakdown:
-            print(f"{'phase':<9}{'op':<15}{'axes':<5}{'label':<10}{'count':>6}{'ms':>10}{'exposed':>10}  limit")
-            for r in est.breakdown("collective"):
-                print(
-                    f"{r['phase']:<9}{r['op']:<15}{r['axes']:<5}{r['label']:<10}{r['count']:>6}"
-                    f"{r['seconds'] * 1e3:>10.4g}{r['exposed_s'] * 1e3:>10.4g}  {r['limit']}"
-                )
+            _print_breakdown(est)
         if crit is not None:
             print(crit)
     if args.png:
         _png(lambda: est.timeline.plot(args.png), args.png, quiet=args.json or args.csv)
     write_chrome_trace_option({est.scheme: est.timeline}, args.chrome_trace, quiet=args.json or args.csv)
     return 0
+
+
+def cli_model_estimate(args: argparse.Namespace) -> int:
+    """``shardsim estimate --model M --plan P``: the model's summary, its time line, optional
+    breakdown, PNG and Chrome trace; ``--json`` the record :func:`model_record` gives."""
+    from ..models import get as get_model
+    from .model_estimate import estimate_model
+
+    mlp = {"scheme": None, "mesh": None, "batch": None, "per_chip_batch": None, "critical": False}
+    given = [k for k, v in mlp.items() if getattr(args, k) != v]
+    given += [k for k, v in {"d_model": 8192, "d_ff": 32768, "layers": 1}.items() if getattr(args, k) != v]
+    if given:
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+        raise CommandLineError(f"{flags}: the MLP's options; --model {args.model} has its own sizes, give --plan")
+    if args.batch_tokens is None:
+        raise CommandLineError("--model needs --batch-tokens, the global batch in tokens (e.g. 16M)")
+    cfg = get_model(args.model)
+    plan = Plan.parse(args.plan) if args.plan else Plan(dp=args.chips or 1)
+    hw = _hardware(args)
+    _check_png(args.png)
+    check_output_path("--chrome-trace", args.chrome_trace)
+    est = estimate_model(
+        cfg, plan, hw, batch_tokens=args.batch_tokens, seq=args.seq, chips=args.chips, links=args.links,
+        efficiency=args.efficiency, optimizer=args.optimizer, precision=args.precision, overlap=not args.no_overlap,
+    )  # fmt: skip
+    if args.json:
+        record = model_record(est, args.train_tokens)
+        record["collectives"] = est.breakdown("collective")
+        write_json(record)
+    elif args.csv:
+        write_csv(est.breakdown("collective") if args.breakdown else [model_record(est, args.train_tokens)])
+    else:
+        print(est.summary())
+        if args.train_tokens is not None:
+            print(f"{args.train_tokens:,} tokens: {est.days(args.train_tokens):,.1f} days at this step")
+        print(est.timeline.text(args.width))
+        if args.breakdown:
+            _print_breakdown(est)
+    if args.png:
+        _png(lambda: est.timeline.plot(args.png), args.png, quiet=args.json or args.csv)
+    write_chrome_trace_option({str(est.plan): est.timeline}, args.chrome_trace, quiet=args.json or args.csv)
+    return 0
+
+
+def model_record(e: Any, train_tokens: int | None = None) -> dict[str, Any]:
+    """A model estimate as plain numbers (``--model --json``; schema in ``docs/cli.md``)."""
+    return {
+        "model": e.cfg.name,
+        "parameters": e.cfg.param_count(),
+        "plan": str(e.plan),
+        "hardware": e.hardware.name,
+        "mesh": ",".join(f"{a}={n}" for a, n in zip(e.mesh.axis_names, e.mesh.shape)),
+        "chips": e.chips,
+        "batch_tokens": e.batch,
+        "seq": e.seq,
+        "step_s": e.step_s,
+        "compute_s": e.compute_s,
+        "comm_s": e.comm_s,
+        "comm_exposed_s": e.comm_exposed_s,
+        "tokens_per_s": e.tokens_per_s,
+        "model_flops": e.model_flops,
+        "six_nt": e.six_nt,
+        "mfu": e.mfu,
+        "bound": e.bound,
+        "bound_reason": e.bound_reason(),
+        "bubble": e.bubble,
+        "bubble_closed_form": e.bubble_closed_form,
+        "memory_bytes": e.memory.get("total", 0),
+        "memory_by_category": {k: v for k, v in e.memory.items() if k != "total"},
+        "hbm_bytes": e.hardware.hbm_capacity,
+        "fits": e.fits,
+        "shortfall_bytes": e.shortfall,
+        "efficiency": e.efficiency.describe(),
+        "warnings": list(e.warnings),
+        "train_tokens": train_tokens,
+        "days": None if train_tokens is None else e.days(train_tokens),
+    }
+
+
+def tokens_type(text: str) -> int:
+    """A token count: digits, optionally with a binary suffix K, M, G or T (powers of 2, as batch
+    sizes are: ``16M`` = 2**24), or e-notation for a decimal count (``15e12``).
+
+    >>> tokens_type("16M"), tokens_type("4k"), tokens_type("15e12")
+    (16777216, 4096, 15000000000000)
+    >>> tokens_type("1.5M")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected a whole number of tokens such as 4096, 16M (2**24) or 15e12, got '1.5M'
+    """
+    usage = f"expected a whole number of tokens such as 4096, 16M (2**24) or 15e12, got {text!r}"
+    t = text.strip().upper().replace("_", "").replace(",", "")
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}.get(t[-1:], 1)
+    digits = t[:-1] if scale > 1 else t
+    try:
+        n = int(digits) * scale if digits.isdigit() else float(digits)
+    except ValueError:
+        raise argparse.ArgumentTypeError(usage) from None
+    if isinstance(n, float) and (scale > 1 or not math.isfinite(n) or n != int(n)):
+        raise argparse.ArgumentTypeError(usage)
+    n = int(n)
+    if not 1 <= n <= 2**60:
+        raise argparse.ArgumentTypeError(f"expected a token count from 1 to 2**60, got {text!r}")
+    return n
+
+
+def _print_breakdown(est: Estimate) -> None:
+    print(f"{'phase':<9}{'op':<15}{'axes':<5}{'label':<10}{'count':>6}{'ms':>10}{'exposed':>10}  limit")
+    for r in est.breakdown("collective"):
+        print(
+            f"{r['phase']:<9}{r['op']:<15}{r['axes']:<5}{r['label']:<10}{r['count']:>6}"
+            f"{r['seconds'] * 1e3:>10.4g}{r['exposed_s'] * 1e3:>10.4g}  {r['limit']}"
+        )
 
 
 def estimate_record(e: Estimate) -> dict[str, Any]:

@@ -310,6 +310,12 @@ def estimate(
             overlap=overlap, prefetch=prefetch, dtype=dtype,
         )  # fmt: skip
     assert isinstance(scheme, str)  # a model went above
+    if isinstance(mesh, (Plan, str)) or batch_tokens is not None:
+        from .. import strategies
+        from ..models import get as get_model
+
+        if scheme not in strategies.names():
+            get_model(scheme)  # neither a scheme nor a model: the presets' error names them all
     if isinstance(mesh, (Plan, str)) or batch is None or d_model is None or d_ff is None:
         raise ShardsimError(
             f"estimate({scheme!r}, ...): a scheme runs on a mesh with batch, d_model and d_ff, e.g. "

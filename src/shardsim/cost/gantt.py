@@ -52,10 +52,11 @@ def gantt_text(tl: Timeline, width: int = 100) -> str:
     )
     if step <= 0:
         return "\n".join([*lines, "(nothing to draw)"])
-    cells = max(10, width - 12)
-    end_label = f"{_num(step * scale)} {unit}"
-    lines.append(" " * 11 + "0" + end_label.rjust(cells - 1))
     rows = {name: _Stream([b for b in tl.bars if b.stream == name]) for name in tl.streams()}
+    names = min(max(10, *(len(n) for n in rows)), 24)  # "comm model pipe1" names a stage's link in full
+    cells = max(10, width - names - 2)
+    end_label = f"{_num(step * scale)} {unit}"
+    lines.append(" " * (names + 1) + "0" + end_label.rjust(cells - 1))
     computes = [row for name, row in rows.items() if name.startswith("compute")]
     for name, bars in rows.items():
         row = []
@@ -70,8 +71,8 @@ def gantt_text(tl: Timeline, width: int = 100) -> str:
                 row.append(ch.upper() if k % 2 else ch)
             else:
                 row.append("=" if any(cs.at(t) is not None for cs in computes) else "#")
-        lines.append(f"{name[:10]:<11}" + "".join(row))
-    lines.append(" " * 11 + "f/F forward, b/B backward matmul; = under compute, # exposed communication")
+        lines.append(f"{name[:names]:<{names + 1}}" + "".join(row))
+    lines.append(" " * (names + 1) + "f/F forward, b/B backward matmul; = under compute, # exposed communication")
     return "\n".join(lines)
 
 

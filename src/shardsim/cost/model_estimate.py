@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..dtypes import resolve_dtype
 from ..errors import PlanError
 from ..models import TransformerConfig
 from ..models import get as get_model
@@ -112,6 +113,12 @@ class ModelEstimate(Estimate):
         """(p-1)/(v·m+p-1): the bubble of equal stages with no communication (Narayanan et al. 2021)."""
         p, m, v = self.plan.pp, self.plan.microbatches, self.plan.virtual_stages
         return (p - 1) / (v * m + p - 1) if p > 1 else 0.0
+
+    def memory_line(self) -> str:
+        """The memory lines of :class:`~shardsim.cost.Estimate`, or that it was not measured."""
+        if not self.memory:
+            return "memory not measured (memory=False): fits and shortfall say nothing"
+        return super().memory_line()
 
     def summary(self) -> str:
         """Plan, model, step, tokens/s, MFU and FLOPs, bound, bubble, memory, warnings."""
@@ -219,17 +226,22 @@ def estimate_model(
     efficiency: str | Efficiency = "calibrated",
     optimizer: str = "adam",
     precision: str | None = None,
+    policy: str | None = None,
     overlap: bool = True,
     prefetch: int = 1,
     dtype: str = "bfloat16",
+    memory: bool = True,
 ) -> ModelEstimate:
     """Estimate one training step of ``model`` under ``plan`` on ``hardware`` (module doc).
 
     ``batch_tokens`` is the global batch in tokens, in sequences of ``seq`` (default the
     model's context); ``chips``, when given, must equal the plan's product of degrees;
     ``links``/``topology``/``efficiency`` as :func:`~shardsim.cost.estimate` takes them;
-    ``optimizer`` and ``precision`` (default: the plan's, else ``dtype``'s) are the training
-    step's whose ledger gives ``memory``.
+    ``optimizer`` and ``precision`` (default: the plan's, else ``dtype``'s), or a byte
+    ``policy`` (:mod:`shardsim.training.policies`, naming both), are the training step's whose
+    ledger gives ``memory`` (:func:`shardsim.training.model_memory`); ``memory=False`` skips
+    that step (time only, for a search that measures the memory of its best plans afterwards:
+    a deep pipeline's step with every microbatch takes seconds), and the summary says so.
 
     >>> e = estimate_model("llama3-70b", "dp=16,tp=8,pp=4,zero=1,microbatches=8", "h100",
     ...                    chips=512, batch_tokens=128 * 8192)
@@ -244,11 +256,23 @@ def estimate_model(
             f"plan {p} multiplies to {p.chips} chips ({degrees}), not chips={chips}; "
             f"change a degree so their product is {chips}"
         )
-    precision = precision if precision is not None else p.precision
-    source = _memory_source(optimizer, precision, dtype)
+    if policy is None:
+        precision = precision if precision is not None else p.precision
+        source = _memory_source(optimizer, precision, dtype)
+    else:
+        from ..training import policies
+
+        chosen = policies.get(policy)
+        source = f"one training step, byte policy {chosen.name} ({chosen.optimizer}, {chosen.precision})"
     b, s = check_batch(cfg, p, batch_tokens, seq)
     program = model_program(cfg, p, batch_tokens, s, dtype)
     inner, warnings = (None, []) if links else model_links(hw, p)
+    if p.pp > 1 and p.microbatches < p.pp:
+        least = (p.pp - 1) / (p.microbatches + p.pp - 1)
+        warnings.append(
+            f"pp={p.pp} with microbatches={p.microbatches}: the bubble is {least:.0%} of the step at best; "
+            f"use microbatches >= {4 * p.pp} (the batch divides into dp x microbatches)"
+        )
     placement = place(hw, program.mesh, links, topology=topology, inner=inner)
     eff = resolve_efficiency(hw, efficiency, placement.networks())
     title = f"{cfg.name or 'model'} under {p} on {program.mesh}, {hw.name}"
@@ -256,11 +280,16 @@ def estimate_model(
         program.steps, hw, placement, overlap=overlap, prefetch=prefetch, title=title, efficiency=eff,
         mesh=program.mesh,
     )  # fmt: skip
-    memory, state, memory_source = model_memory_ledger(cfg, p, b, s, dtype, optimizer, precision, source)
+    if policy is None and precision is None:
+        precision = resolve_dtype(dtype).name  # the weights' dtype's policy, as the MLP estimate's
+    if memory:
+        peak, state = model_memory_ledger(cfg, p, b, s, optimizer, precision, policy)
+    else:
+        peak, state, source = {}, {}, "nothing: memory=False (time only)"
     return ModelEstimate(
         scheme=str(p), hardware=hw, mesh=program.mesh, batch=batch_tokens, d_model=cfg.d_model, d_ff=cfg.d_ff,
-        layers=cfg.layers, dtype=dtype, timeline=tl, memory=memory, phases=tl.phase_totals(), efficiency=eff,
-        memory_source=memory_source, model_state=state, cfg=cfg, plan=p, seq=s, program=program,
+        layers=cfg.layers, dtype=dtype, timeline=tl, memory=peak, phases=tl.phase_totals(), efficiency=eff,
+        memory_source=source, model_state=state, cfg=cfg, plan=p, seq=s, program=program,
         placement=placement, warnings=warnings,
     )  # fmt: skip
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..array import ShapeDtype
+from ..dtypes import resolve_dtype
 from ..errors import DivisibilityError
 from ..mesh import Mesh
 from ..models import TransformerConfig
@@ -122,11 +123,14 @@ def _traced(cfg: TransformerConfig, plan: Plan, batch: int, seq: int, dtype: str
     )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=4096)
 def model_program(
     cfg: TransformerConfig, plan: Plan, batch_tokens: int, seq: int | None = None, dtype: str = "bfloat16"
 ) -> ModelProgram:
     """The program of one training step of ``cfg`` under ``plan`` on ``batch_tokens`` tokens in
-    sequences of ``seq`` (default the model's context); cached (see the module doc)."""
+    sequences of ``seq`` (default the model's context); cached (see the module doc):
+    ``model_program.cache_info()`` and ``cache_clear()`` are the cache's. Treat the program
+    as read-only: every caller with the same arguments gets the same object."""
     b, s = check_batch(cfg, plan, batch_tokens, seq)
     if plan.pp > 1 and cfg.layers % (plan.pp * plan.virtual_stages):
         raise DivisibilityError(
@@ -134,7 +138,7 @@ def model_program(
             + (f" x virtual_stages={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
             + f"; choose pp x virtual_stages dividing {cfg.layers}"
         )
-    return _program(cfg, plan, b, s, str(np.dtype(dtype)) if dtype != "bfloat16" else dtype)
+    return _program(cfg, plan, b, s, resolve_dtype(dtype).name)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -325,34 +329,27 @@ def _renamer(t: int, r: int) -> Callable[[str], str]:
     return lambda label: pattern.sub(f"layers.{r}.", label)
 
 
-PASSES_ONLY = "the forward and backward passes only (run_model's ledger), no optimizer state"
-
-
 def model_memory_ledger(
     cfg: TransformerConfig,
     plan: Plan,
     batch: int,
     seq: int,
-    dtype: str,
-    optimizer: str,
-    precision: str | None,
-    source: str,
-) -> tuple[dict[str, int], dict[str, int], str]:
-    """Each chip's peak bytes by category (and ``"total"``), the model state, and the step they
-    were measured over, for ``batch`` sequences of ``seq``.
+    optimizer: str = "adam",
+    precision: str | None = None,
+    policy: str | None = None,
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Each chip's peak bytes by category (and ``"total"``) and the model state over one
+    shape-only training step of ``batch`` sequences of ``seq``: the ledger of
+    :func:`shardsim.training.model_memory` (the trainer's own step: forward, backward,
+    gradient reduction, optimizer update), cached like the program."""
+    peak, state = _memory(cfg, plan, batch, seq, optimizer, precision, policy)
+    return dict(peak), dict(state)
 
-    From the ledger of ``run_model``'s forward and backward (no optimizer state; said so in
-    the third value). The layers are identical, so the peaks are affine in the layers per
-    pipeline chunk: two shallow traces (two and three layers per chunk, the real
-    microbatches) give the line, and the real depth is read off it (equal to the deep trace's
-    ledger, tested).
-    """
-    per_chunk = cfg.layers // (plan.pp * plan.virtual_stages)
-    if per_chunk <= TEMPLATE:
-        return dict(_traced(cfg, plan, batch, seq, dtype).memory), {}, PASSES_ONLY
-    chunks = plan.pp * plan.virtual_stages
-    hi = _traced(cfg.scaled(layers=TEMPLATE * chunks), plan, batch, seq, dtype).memory
-    lo = _traced(cfg.scaled(layers=(TEMPLATE - 1) * chunks), plan, batch, seq, dtype).memory
-    extra = per_chunk - TEMPLATE
-    peak = {c: int(hi[c] + extra * (hi[c] - lo.get(c, 0))) for c in hi}
-    return peak, {}, PASSES_ONLY
+
+@functools.lru_cache(maxsize=1024)
+def _memory(
+    cfg: TransformerConfig, plan: Plan, batch: int, seq: int, optimizer: str, precision: str | None, policy: str | None
+) -> tuple[dict[str, int], dict[str, int]]:
+    from ..training import model_memory
+
+    return model_memory(cfg, plan, batch=batch, seq=seq, optimizer=optimizer, precision=precision, policy=policy)

@@ -21,8 +21,12 @@ gradients and skip an overflowing update (:class:`DynamicLossScale`).
 
 from __future__ import annotations
 
+from . import policies
+from .footprint import model_memory
 from .loss import mse
+from .model_trainer import ModelTrainer
 from .optim import SGD, Adam, AdamW, Optimizer
+from .policies import BytePolicy
 from .precision import Precision
 from .scaling import DynamicLossScale
 from .trainer import StepResult, Trainer, train_step
@@ -31,11 +35,15 @@ __all__ = [
     "SGD",
     "Adam",
     "AdamW",
+    "BytePolicy",
     "DynamicLossScale",
+    "ModelTrainer",
     "Optimizer",
     "Precision",
     "StepResult",
     "Trainer",
+    "model_memory",
     "mse",
+    "policies",
     "train_step",
 ]

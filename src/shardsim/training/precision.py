@@ -59,11 +59,14 @@ class Precision:
     master: np.dtype | None = None
     reduce: np.dtype = None  # type: ignore[assignment]  # set in __post_init__
     loss_scale: float | DynamicLossScale = 1.0
+    moments: np.dtype | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute", resolve_dtype(self.compute))
         if self.master is not None:
             object.__setattr__(self, "master", resolve_dtype(self.master))
+        if self.moments is not None:
+            object.__setattr__(self, "moments", resolve_dtype(self.moments))
         reduce = self.compute if self.reduce is None else resolve_dtype(self.reduce)
         object.__setattr__(self, "reduce", reduce)
         object.__setattr__(self, "loss_scale", _scale_policy(self.loss_scale))
@@ -91,6 +94,7 @@ class Precision:
             base.master,
             base.reduce if reduce is None else reduce,
             base.loss_scale if loss_scale is None else _scale_policy(loss_scale),
+            base.moments,
         )
 
     @property
@@ -127,6 +131,15 @@ class Precision:
         return self.master if self.master is not None else self.compute
 
     @property
+    def moment_dtype(self) -> np.dtype:
+        """The dtype of the optimizer's moments: ``moments`` if given, else :attr:`state_dtype`.
+
+        >>> Precision("bfloat16", moments="float32").moment_dtype.name
+        'float32'
+        """
+        return self.moments if self.moments is not None else self.state_dtype
+
+    @property
     def formula_name(self) -> str:
         """``mixed`` or ``fp32``: the name :mod:`shardsim.formulas` uses for this policy.
 
@@ -134,6 +147,8 @@ class Precision:
         'mixed'
         """
         master = self.master
+        if self.moment_dtype != self.state_dtype:
+            raise ShardingError(f"no closed form for {self}: its moments are not in the master weights' dtype")
         if master is not None and self.compute.itemsize == 2 and master.itemsize == 4 and self.reduce.itemsize == 2:
             return "mixed"
         if not self.mixed and self.compute.itemsize == 4 and self.reduce.itemsize == 4:
@@ -142,6 +157,8 @@ class Precision:
 
     def __str__(self) -> str:
         master = f", master {self.master}" if self.master is not None else ""
+        if self.moments is not None and self.moments != self.state_dtype:
+            master += f", moments {self.moments}"
         if self.dynamic is not None:
             scale = f", dynamic loss scale from {self.dynamic.init_scale:g}"
         else:

@@ -34,7 +34,7 @@ import contextlib
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -64,6 +64,9 @@ from .loss import mse
 from .optim import SGD, Adam, Optimizer
 from .precision import Precision
 from .scaling import DynamicLossScale, ScaleState, found_inf
+
+if TYPE_CHECKING:
+    from .model_trainer import ModelTrainer
 
 MODEL_STATE = ("params", "grads", "optimizer")
 
@@ -102,7 +105,148 @@ class StepResult:
     skipped: bool = False
 
 
-class Trainer:
+class Checkpointed:
+    """:meth:`state` and :meth:`restore` of a trainer, from the list of its state's values
+    (``_state_slots``): shared by the MLP :class:`Trainer` and the transformer's
+    :class:`~shardsim.training.model_trainer.ModelTrainer`."""
+
+    mesh: Mesh
+    precision: Precision
+    scale: ScaleState
+    step_count: int
+
+    @property
+    def _name(self) -> str:
+        raise NotImplementedError
+
+    def _state_slots(self) -> list[tuple[tuple[str, ...], dict[str, Any], str]]:
+        raise NotImplementedError
+
+    # -- checkpointing ---------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """What a resumed run needs, as ShardedArrays: a state for :func:`shardsim.checkpoint.save`.
+
+        ``{"params": P, "moments": {slot: P}, "step": [1] int64}``, plus ``"master": P`` in
+        mixed precision and ``"loss_scale": [2] float64`` (the running scale and its good steps)
+        with a dynamic loss scale, where ``P`` is ``{"w_in": ..., "w_out": ...}`` for one block and
+        ``{"0": {...}, "1": {...}, ...}`` for a stack. Each value is held as the trainer holds
+        it (weights in the scheme's layout, optimizer state in its own) and is the trainer's
+        own, not a copy: save it before the next step updates it. :meth:`restore` puts it back.
+
+        >>> import tempfile, numpy as np, shardsim
+        >>> from shardsim import checkpoint
+        >>> params = shardsim.mlp.init_stack(2, 4, 8, dtype="float64")
+        >>> t = Trainer("fsdp", shardsim.Mesh(X=4), params, Adam(lr=0.1))
+        >>> x = np.ones((4, 4))
+        >>> _ = t.step(x, 0 * x)
+        >>> s = t.state()
+        >>> s["params"]["1"]["w_in"], s["moments"]["v"]["0"]["w_out"].layout, int(s["step"].to_global()[0])
+        (ShardedArray(W_in.1[D_X, F] float64 (4, 8) on Mesh(X=4), local (1, 8)), Layout('[F_X, D]'), 1)
+        >>> path = checkpoint.save(tempfile.mkdtemp() + "/step_1", s)
+        >>> again = Trainer("fsdp", shardsim.Mesh(X=2), params, Adam(lr=0.1))  # fewer chips
+        >>> again.restore(checkpoint.load(path, again.mesh))
+        >>> again.step_count, bool((again.params_global()["w_in"] == t.params_global()["w_in"]).all())
+        (1, True)
+        """
+        out: dict[str, Any] = {}
+        for path, holder, key in self._state_slots():
+            node = out
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+            node[path[-1]] = holder[key]
+        out["step"] = shard(np.array([self.step_count], np.int64), self.mesh, "[N]", label="step", category="optimizer")
+        if self.precision.dynamic is not None:
+            running = np.array([self.scale.scale, self.scale.good_steps], np.float64)
+            out["loss_scale"] = shard(running, self.mesh, "[N]", label="loss_scale", category="optimizer")
+        return out
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``, as :meth:`state` returned it (or ``checkpoint.load`` read it back).
+
+        The same names, global shapes and dtypes as this trainer's own state are required
+        (else :class:`~shardsim.ShardingError`, before anything changes); the layouts and the
+        mesh may differ. A value already in this trainer's layout on a mesh of this shape is
+        taken block for block; any other is assembled on the host and split as this trainer
+        holds it. Either way the values are copied bit for bit, and the step count with them,
+        so the next :meth:`step` is the one after the saved step.
+
+        >>> import numpy as np, shardsim
+        >>> params = shardsim.mlp.init(4, 8, dtype="float64")
+        >>> a = Trainer("zero1", shardsim.Mesh(X=2), params, Adam(lr=0.1))
+        >>> b = Trainer("zero1", shardsim.Mesh(X=2), params, Adam(lr=0.1))
+        >>> x = np.ones((2, 4))
+        >>> _ = a.step(x, 0 * x)
+        >>> b.restore(a.state())
+        >>> a.step(x, 0 * x).loss == b.step(x, 0 * x).loss, b.step_count
+        (True, 2)
+        """
+        want = {path: holder[key] for path, holder, key in self._state_slots()}
+        have = _flat_state(state)
+        counters = {("step",)} | ({("loss_scale",)} if self.precision.dynamic is not None else set())
+        missing = sorted("/".join(p) for p in set(want) - set(have) | (counters - set(have)))
+        extra = sorted("/".join(p) for p in set(have) - set(want) - counters)
+        if missing or extra:
+            raise ShardingError(
+                f"cannot restore {self._name} trainer state: missing {missing}, unexpected {extra}; "
+                "pass what Trainer.state() returns (or checkpoint.load reads back)"
+            )
+        step = have[("step",)]
+        if step.is_shape_only or step.global_shape != (1,) or step.dtype.kind not in "iu":
+            raise ShardingError(f"cannot restore the step count from {step.describe()}: expected [1] integers")
+        count = int(step.to_global()[0])
+        if count < 0:
+            raise ShardingError(f"cannot restore a negative step count ({count})")
+        scale = self.scale
+        if self.precision.dynamic is not None:
+            running = have[("loss_scale",)]
+            if running.is_shape_only or running.global_shape != (2,) or running.dtype.kind != "f":
+                raise ShardingError(
+                    f"cannot restore the loss scale from {running.describe()}: expected [2] floats (scale, good steps)"
+                )
+            value, good = (float(v) for v in running.to_global())
+            if not (np.isfinite(value) and value > 0 and good >= 0 and good == int(good)):
+                raise ShardingError(f"cannot restore the loss scale {value!r} with {good!r} good steps")
+            scale = ScaleState(value, int(good))
+        fresh: dict[tuple[str, ...], ShardedArray] = {}
+        for path, mine in want.items():
+            given = have[path]
+            name = "/".join(path)
+            if mine.is_shape_only:
+                raise ShardingError(f"cannot restore {name}: this trainer is shape-only, it holds no values")
+            if given.global_shape != mine.global_shape or given.dtype != mine.dtype:
+                raise ShardingError(
+                    f"cannot restore {name}: this trainer holds {mine.global_shape} {mine.dtype}, "
+                    f"the state has {given.global_shape} {given.dtype}"
+                )
+            if given.is_shape_only or given.is_partial:
+                raise ShardingError(f"cannot restore {name} from {given.describe()}: need data, not a partial sum")
+            same = (given.mesh.axis_names, given.mesh.shape, given.layout) == (
+                mine.mesh.axis_names,
+                mine.mesh.shape,
+                mine.layout,
+            )
+            if same:
+                blocks = np.array(given.compact())
+            else:
+                blocks = np.array(shard(given.to_global(), mine.mesh, mine.layout).compact())
+            fresh[path] = ShardedArray(
+                mine.mesh,
+                mine.layout,
+                mine.global_shape,
+                mine.dtype,
+                blocks,
+                label=mine.label,
+                category=mine.category,
+                holders=mine.holders,
+            )
+        del want
+        for path, holder, key in self._state_slots():
+            holder[key] = fresh.pop(path)
+        self.step_count = count
+        self.scale = scale
+
+
+class Trainer(Checkpointed):
     """Sharded weights and optimizer state of an MLP (one block or a stack), trained step by step.
 
     ``params`` are global arrays ``{"w_in": [D, F], "w_out": [F, D]}`` or stacks
@@ -180,7 +324,7 @@ class Trainer:
                     masters[k] = _place(block[k], mesh, self.state_layouts[k], prec.state_dtype, label, "optimizer")
                 moments[k] = {
                     slot: _place(
-                        _zeros_like(block[k]), mesh, self.state_layouts[k], prec.state_dtype, label, "optimizer"
+                        _zeros_like(block[k]), mesh, self.state_layouts[k], prec.moment_dtype, label, "optimizer"
                     )
                     for slot in self.optimizer.slots
                 }
@@ -189,6 +333,35 @@ class Trainer:
             self.moments.append(moments)
         self._blocks = [{k: _spec(v) for k, v in b.items()} for b in self._blocks]  # shapes only from here on
         self._engine_step = _engine_step(engine, self)
+
+    @classmethod
+    def for_model(
+        cls,
+        cfg: Any,
+        plan: Any,
+        mesh: Mesh,
+        params: Mapping[str, Any],
+        optimizer: Optimizer | str | None = None,
+        **options: Any,
+    ) -> ModelTrainer:
+        """A trainer of transformer ``cfg`` (a :class:`~shardsim.models.TransformerConfig`) under
+        ``plan`` (a :class:`~shardsim.plan.Plan`) on ``mesh``: a
+        :class:`~shardsim.training.model_trainer.ModelTrainer`, whose steps run
+        :func:`~shardsim.transformer.run_model` and then this trainer's optimizer update.
+        ``options``: ``precision``, ``reduce_dtype``, ``dropout_seed``.
+
+        >>> import numpy as np
+        >>> from shardsim.models import get, reference
+        >>> from shardsim.plan import Plan
+        >>> cfg, plan = get("gpt-tiny"), Plan(dp=2, zero=2)
+        >>> t = Trainer.for_model(cfg, plan, plan.mesh(), reference.init(cfg), "adam")
+        >>> tok = np.arange(16).reshape(2, 8)
+        >>> t.step(tok, tok + 1).step, t.moments["embed"]["m"].layout
+        (1, Layout('[V, D_{data}]'))
+        """
+        from .model_trainer import ModelTrainer
+
+        return ModelTrainer(cfg, plan, mesh, params, optimizer, **options)
 
     # -- the step ---------------------------------------------------------------------------
     def step(self, x: Any, target: Any) -> StepResult:
@@ -322,20 +495,15 @@ class Trainer:
             for k in self.names:
                 gk = g.pop(k)
                 layouts[k] = str(gk.layout)
-                w = self._to_update(i, k)
-                grad = None
-                if not gk.is_shape_only:  # 2. every chip updates the block it holds
-                    grad = gk.compact()
-                    if scale != 1:
-                        grad = grad.astype(w.dtype) * w.dtype.type(1.0 / scale)
-                    moments = {s: m.compact() for s, m in self.moments[i][k].items()}
-                    opt.update(w.compact(), grad, moments, step)
-                del gk, grad
-                if gather is not None:
-                    sliced[k] = w if not prec.mixed else cast(w, prec.compute, category="params", label=w.label)
+                master = self.master[i][k] if prec.mixed else None
+                new = update_weight(  # 2. every chip updates the block it holds
+                    opt, step, self.params[i][k], master, gk, self.moments[i][k], self.state_layouts[k],
+                    scale=scale, gathered=gather is not None,
+                )  # fmt: skip
+                del gk
+                if new is not None:
+                    sliced[k] = new
                     self.params[i][k] = None  # type: ignore[assignment]  # the gather below refills it
-                elif prec.mixed and not w.is_shape_only:  # refresh the 16-bit copy of the master
-                    np.copyto(self.params[i][k].compact(), w.compact(), casting="unsafe")
             if gather is not None:
                 self.params[i].update(gather(ctx, sliced))  # 3. AllGather the updated weights
                 del sliced
@@ -353,14 +521,6 @@ class Trainer:
             else:
                 entries.append(_Undo(holder, key, value, None, value.uid, None if data is None else data.copy()))
         return entries
-
-    def _to_update(self, i: int, k: str) -> ShardedArray:
-        """The array the optimizer updates in place: the master, the weights, or this chip's slice."""
-        if self.precision.mixed:
-            return self.master[i][k]
-        w = self.params[i][k]
-        mine = state_slice(w, self.state_layouts[k])
-        return w if mine is w else _owned(mine, w.label, "params")
 
     # -- reading the state -----------------------------------------------------------------
     @property
@@ -387,121 +547,9 @@ class Trainer:
         glob = {k: [np.array(layer[k].to_global()) for layer in layers] for k in self.names}
         return {k: v[0] if self.depth is None else np.stack(v) for k, v in glob.items()}
 
-    # -- checkpointing ---------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
-        """What a resumed run needs, as ShardedArrays: a state for :func:`shardsim.checkpoint.save`.
-
-        ``{"params": P, "moments": {slot: P}, "step": [1] int64}``, plus ``"master": P`` in
-        mixed precision and ``"loss_scale": [2] float64`` (the running scale and its good steps)
-        with a dynamic loss scale, where ``P`` is ``{"w_in": ..., "w_out": ...}`` for one block and
-        ``{"0": {...}, "1": {...}, ...}`` for a stack. Each value is held as the trainer holds
-        it (weights in the scheme's layout, optimizer state in its own) and is the trainer's
-        own, not a copy: save it before the next step updates it. :meth:`restore` puts it back.
-
-        >>> import tempfile, numpy as np, shardsim
-        >>> from shardsim import checkpoint
-        >>> params = shardsim.mlp.init_stack(2, 4, 8, dtype="float64")
-        >>> t = Trainer("fsdp", shardsim.Mesh(X=4), params, Adam(lr=0.1))
-        >>> x = np.ones((4, 4))
-        >>> _ = t.step(x, 0 * x)
-        >>> s = t.state()
-        >>> s["params"]["1"]["w_in"], s["moments"]["v"]["0"]["w_out"].layout, int(s["step"].to_global()[0])
-        (ShardedArray(W_in.1[D_X, F] float64 (4, 8) on Mesh(X=4), local (1, 8)), Layout('[F_X, D]'), 1)
-        >>> path = checkpoint.save(tempfile.mkdtemp() + "/step_1", s)
-        >>> again = Trainer("fsdp", shardsim.Mesh(X=2), params, Adam(lr=0.1))  # fewer chips
-        >>> again.restore(checkpoint.load(path, again.mesh))
-        >>> again.step_count, bool((again.params_global()["w_in"] == t.params_global()["w_in"]).all())
-        (1, True)
-        """
-        out: dict[str, Any] = {}
-        for path, holder, key in self._state_slots():
-            node = out
-            for part in path[:-1]:
-                node = node.setdefault(part, {})
-            node[path[-1]] = holder[key]
-        out["step"] = shard(np.array([self.step_count], np.int64), self.mesh, "[N]", label="step", category="optimizer")
-        if self.precision.dynamic is not None:
-            running = np.array([self.scale.scale, self.scale.good_steps], np.float64)
-            out["loss_scale"] = shard(running, self.mesh, "[N]", label="loss_scale", category="optimizer")
-        return out
-
-    def restore(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state``, as :meth:`state` returned it (or ``checkpoint.load`` read it back).
-
-        The same names, global shapes and dtypes as this trainer's own state are required
-        (else :class:`~shardsim.ShardingError`, before anything changes); the layouts and the
-        mesh may differ. A value already in this trainer's layout on a mesh of this shape is
-        taken block for block; any other is assembled on the host and split as this trainer
-        holds it. Either way the values are copied bit for bit, and the step count with them,
-        so the next :meth:`step` is the one after the saved step.
-
-        >>> import numpy as np, shardsim
-        >>> params = shardsim.mlp.init(4, 8, dtype="float64")
-        >>> a = Trainer("zero1", shardsim.Mesh(X=2), params, Adam(lr=0.1))
-        >>> b = Trainer("zero1", shardsim.Mesh(X=2), params, Adam(lr=0.1))
-        >>> x = np.ones((2, 4))
-        >>> _ = a.step(x, 0 * x)
-        >>> b.restore(a.state())
-        >>> a.step(x, 0 * x).loss == b.step(x, 0 * x).loss, b.step_count
-        (True, 2)
-        """
-        want = {path: holder[key] for path, holder, key in self._state_slots()}
-        have = _flat_state(state)
-        counters = {("step",)} | ({("loss_scale",)} if self.precision.dynamic is not None else set())
-        missing = sorted("/".join(p) for p in set(want) - set(have) | (counters - set(have)))
-        extra = sorted("/".join(p) for p in set(have) - set(want) - counters)
-        if missing or extra:
-            raise ShardingError(
-                f"cannot restore {self.scheme.name} trainer state: missing {missing}, unexpected {extra}; "
-                "pass what Trainer.state() returns (or checkpoint.load reads back)"
-            )
-        step = have[("step",)]
-        if step.is_shape_only or step.global_shape != (1,) or step.dtype.kind not in "iu":
-            raise ShardingError(f"cannot restore the step count from {step.describe()}: expected [1] integers")
-        count = int(step.to_global()[0])
-        if count < 0:
-            raise ShardingError(f"cannot restore a negative step count ({count})")
-        scale = self.scale
-        if self.precision.dynamic is not None:
-            running = have[("loss_scale",)]
-            if running.is_shape_only or running.global_shape != (2,) or running.dtype.kind != "f":
-                raise ShardingError(
-                    f"cannot restore the loss scale from {running.describe()}: expected [2] floats (scale, good steps)"
-                )
-            value, good = (float(v) for v in running.to_global())
-            if not (np.isfinite(value) and value > 0 and good >= 0 and good == int(good)):
-                raise ShardingError(f"cannot restore the loss scale {value!r} with {good!r} good steps")
-            scale = ScaleState(value, int(good))
-        fresh: dict[tuple[str, ...], ShardedArray] = {}
-        for path, mine in want.items():
-            given = have[path]
-            name = "/".join(path)
-            if mine.is_shape_only:
-                raise ShardingError(f"cannot restore {name}: this trainer is shape-only, it holds no values")
-            if given.global_shape != mine.global_shape or given.dtype != mine.dtype:
-                raise ShardingError(
-                    f"cannot restore {name}: this trainer holds {mine.global_shape} {mine.dtype}, "
-                    f"the state has {given.global_shape} {given.dtype}"
-                )
-            if given.is_shape_only or given.is_partial:
-                raise ShardingError(f"cannot restore {name} from {given.describe()}: need data, not a partial sum")
-            same = (given.mesh.axis_names, given.mesh.shape, given.layout) == (
-                mine.mesh.axis_names,
-                mine.mesh.shape,
-                mine.layout,
-            )
-            if same:
-                blocks = np.array(given.compact())
-            else:
-                blocks = np.array(shard(given.to_global(), mine.mesh, mine.layout).compact())
-            fresh[path] = ShardedArray(
-                mine.mesh, mine.layout, mine.global_shape, mine.dtype, blocks, label=mine.label, category=mine.category
-            )
-        del want
-        for path, holder, key in self._state_slots():
-            holder[key] = fresh.pop(path)
-        self.step_count = count
-        self.scale = scale
+    @property
+    def _name(self) -> str:
+        return self.scheme.name
 
     def _state_slots(self) -> list[tuple[tuple[str, ...], dict[str, Any], str]]:
         """Where each value of :meth:`state` lives: its path, the dict holding it, and its key there."""
@@ -565,6 +613,56 @@ def state_slice(w: ShardedArray, layout: str) -> ShardedArray:
     return w
 
 
+def update_weight(
+    opt: Optimizer,
+    step: int,
+    w: ShardedArray,
+    master: ShardedArray | None,
+    grad: ShardedArray,
+    moments: Mapping[str, ShardedArray],
+    layout: str,
+    *,
+    scale: float = 1.0,
+    gathered: bool = False,
+    sent: str = "params",
+) -> ShardedArray | None:
+    """The optimizer step of one weight ``w``, whose optimizer state lives in ``layout``.
+
+    Each chip updates what it holds of the state: the float32 ``master`` (mixed precision),
+    else ``w`` itself or, when ``layout`` splits it further (ZeRO-1/2), its slice of ``w``.
+    ``grad`` (reduced; divided by ``scale`` here) is cut to ``layout`` first, a local slice.
+    With ``gathered`` (ZeRO-1/2) the updated slice is returned in ``w``'s dtype for the
+    caller's AllGather (in ledger category ``sent``); else ``w`` is updated in place (its 16-bit copy refreshed from the
+    master) and None returned.
+
+    >>> import numpy as np, shardsim
+    >>> mesh = shardsim.Mesh(X=2)
+    >>> w = _owned(shardsim.shard(np.ones((2, 2)), mesh, "D F"), "W", "params")
+    >>> g = shardsim.shard(np.ones((2, 2)), mesh, "D F")
+    >>> new = update_weight(SGD(lr=0.5), 1, w, None, g, {}, "[D_X, F]", gathered=True)
+    >>> new.layout, new.to_global().tolist()
+    (Layout('[D_X, F]'), [[0.5, 0.5], [0.5, 0.5]])
+    """
+    target = master
+    if target is None:
+        mine = state_slice(w, layout)
+        target = w if mine is w else _owned(mine, w.label, sent)
+        del mine
+    grad = state_slice(grad, layout)
+    if not grad.is_shape_only:
+        g = grad.compact()
+        if scale != 1:
+            g = g.astype(target.dtype) * target.dtype.type(1.0 / scale)
+        opt.update(target.compact(), g, {s: m.compact() for s, m in moments.items()}, step)
+        del g
+    del grad
+    if gathered:
+        return target if master is None else cast(target, w.dtype, category=sent, label=w.label)
+    if master is not None and not target.is_shape_only:  # refresh the 16-bit copy of the master
+        np.copyto(w.compact(), target.compact(), casting="unsafe")
+    return None
+
+
 @dataclass
 class _Undo:
     """One state value as it was before a step changed it: the value itself and a copy of its
@@ -579,7 +677,7 @@ class _Undo:
 
 
 def _spec_of(x: ShardedArray) -> tuple[Any, ...]:
-    return (x.mesh, x.layout, x.global_shape, x.dtype, x.label, x.category)
+    return (x.mesh, x.layout, x.global_shape, x.dtype, x.label, x.category, x.holders)
 
 
 def _roll_back(mesh: Mesh, undo: list[_Undo]) -> None:
@@ -595,8 +693,10 @@ def _roll_back(mesh: Mesh, undo: list[_Undo]) -> None:
             elif u.holder.get(u.key) is None or u.holder[u.key].uid != u.uid:
                 u.holder[u.key] = None  # release the new value before the old one is rebuilt
                 assert u.spec is not None
-                m, layout, shape, dtype, label, category = u.spec
-                u.holder[u.key] = ShardedArray(m, layout, shape, dtype, u.data, label=label, category=category)
+                m, layout, shape, dtype, label, category, holders = u.spec
+                u.holder[u.key] = ShardedArray(
+                    m, layout, shape, dtype, u.data, label=label, category=category, holders=holders
+                )
     finally:
         ledger.capacity = capacity
 
@@ -670,7 +770,9 @@ def _place(value: Any, mesh: Mesh, layout: str, dtype: np.dtype, label: str, cat
 def _owned(x: ShardedArray, label: str | None, category: str) -> ShardedArray:
     """A copy of ``x`` whose blocks the optimizer may update in place."""
     data = None if x.is_shape_only else np.array(x.compact())
-    return ShardedArray(x.mesh, x.layout, x.global_shape, x.dtype, data, label=label, category=category)
+    return ShardedArray(
+        x.mesh, x.layout, x.global_shape, x.dtype, data, label=label, category=category, holders=x.holders
+    )
 
 
 def _reductions_in(precision: Precision, ctx: Ctx, scheme: Scheme) -> contextlib.AbstractContextManager[Any]:

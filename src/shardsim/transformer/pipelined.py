@@ -30,7 +30,7 @@ from ..array import ShardedArray
 from ..collectives import ppermute
 from ..mesh import Mesh
 from ..models import TransformerConfig
-from ..pieces import place, split
+from ..pieces import split
 from ..pipeline.schedule import make
 from ..plan import Plan
 from ..tracing import item as in_item
@@ -39,14 +39,8 @@ from . import checks
 from .blocks import layer_backward, layer_forward
 from .embedding import embed_backward, embed_forward, head_backward, head_forward, loss_value
 from .roles import Roles
-from .run import ModelResult, _compute_dtype, _Gradients, _place, _tokens
+from .run import ModelResult, _compute_dtype, _Gradients, _tokens, place_weights
 from .step import Step
-
-
-def _stage_of(key: str, per_virtual: int, stages: int, last: int) -> int:
-    if key.startswith("layers."):
-        return (int(key.split(".")[1]) // per_virtual) % stages
-    return 0 if key in ("embed", "pos_embed") else last
 
 
 def run_pipelined(
@@ -69,12 +63,7 @@ def run_pipelined(
     per_virtual = cfg.layers // (p * v)
     roles = Roles.of(plan, cfg.n_kv)
     dtype = _compute_dtype(plan, params)
-    weights = {}
-    for key, value in params.items():
-        whole = _place(mesh, value, roles.weight_layout(key), key, dtype, "params")
-        stage = {pipe: _stage_of(key, per_virtual, p, p - 1)}
-        weights[key] = place(whole, label=key, **stage)  # type: ignore[arg-type]  # coords, not a label
-        del whole  # the stage's copy is the only one
+    weights = place_weights(cfg, plan, mesh, params, dtype)
     tok, tgt = _tokens(mesh, roles, tokens, "tokens"), _tokens(mesh, roles, targets, "targets")
     tok_mb, tgt_mb = split(tok, "B", m), split(tgt, "B", m)
     schedule = make(plan.schedule, p, m, v)

@@ -32,6 +32,7 @@ import numpy as np
 from ..array import ShapeDtype, ShardedArray, shard
 from ..collectives import all_reduce, reduce_scatter
 from ..errors import ShardingError
+from ..layout import Layout
 from ..memory import MemoryLedger
 from ..mesh import Mesh
 from ..models import TransformerConfig
@@ -84,6 +85,56 @@ def _place(mesh: Mesh, value: Any, layout: str, label: str, dtype: np.dtype, cat
         raise type(e)(f"{label} as {layout}: {e}") from None
 
 
+def stage_of(cfg: TransformerConfig, plan: Plan, key: str) -> int:
+    """The pipeline stage holding weight ``key``: its layer's (interleaved: its chunk's), the
+    embedding's on the first stage, the final norm's and LM head's on the last."""
+    p = plan.pp
+    if key.startswith("layers."):
+        return (int(key.split(".")[1]) // (cfg.layers // (p * plan.virtual_stages))) % p
+    return 0 if key in ("embed", "pos_embed") else p - 1
+
+
+def place_weights(
+    cfg: TransformerConfig,
+    plan: Plan,
+    mesh: Mesh,
+    params: Mapping[str, Any],
+    dtype: Any,
+    *,
+    layout: Any = None,
+    category: str = "params",
+) -> dict[str, ShardedArray]:
+    """Each weight in ``dtype`` and its layout (``layout(key)``, by default the plan's storage
+    layout), held under ``pp > 1`` by its stage only. A :class:`ShardedArray` already in that
+    layout (a trainer's own weights) is used as it is.
+
+    >>> from shardsim.models import TransformerConfig
+    >>> cfg = TransformerConfig(layers=2, d_model=8, heads=2, d_ff=16, vocab=8, seq=4)
+    >>> plan = Plan(pp=2)
+    >>> shapes = {k: ShapeDtype(s) for k, s in cfg.param_shapes().items()}
+    >>> w = place_weights(cfg, plan, plan.mesh(), shapes, "float32")
+    >>> int(w["layers.1.attn.wq"].holders[1]), int(w["layers.1.attn.wq"].holders[0])
+    (1, 0)
+    """
+    from ..pieces import place
+
+    roles = Roles.of(plan, cfg.n_kv)
+    layout_of = layout or roles.weight_layout
+    pipe = plan.axis("pipe")
+    out = {}
+    for key, value in params.items():
+        want = layout_of(key)
+        if isinstance(value, ShardedArray):
+            if value.mesh is not mesh or str(value.layout) != str(Layout.parse(want, mesh.axis_names)):
+                raise ShardingError(f"weight {key} is {value.describe()}; run_model needs it as {want} on {mesh}")
+            out[key] = value
+            continue
+        whole = _place(mesh, value, want, key, np.dtype(dtype), category)
+        out[key] = whole if pipe is None else place(whole, label=key, **{pipe: stage_of(cfg, plan, key)})
+        del whole  # the stage's copy is the only one
+    return out
+
+
 def _tokens(mesh: Mesh, roles: Roles, value: Any, label: str) -> ShardedArray:
     dt = value.dtype if isinstance(value, ShapeDtype) else np.asarray(value).dtype
     layout = f"[{dim('B', roles.data)}, {dim('S', roles.context)}]"
@@ -101,6 +152,7 @@ class _Gradients:
 
     def add(self, grads: dict[str, ShardedArray]) -> None:
         for key, g in grads.items():
+            g.as_category("temporaries")  # unreduced: a buffer for the reduction, until finish() holds the result
             if self.accumulate:
                 self.pending[key] = self.pending[key] + g if key in self.pending else g
                 continue
@@ -167,7 +219,7 @@ def run_model(
         return run_pipelined(cfg, plan, mesh, params, tokens, targets, dropout_seed=dropout_seed)
     roles = Roles.of(plan, cfg.n_kv)
     dtype = _compute_dtype(plan, params)
-    weights = {k: _place(mesh, v, roles.weight_layout(k), k, dtype, "params") for k, v in params.items()}
+    weights = place_weights(cfg, plan, mesh, params, dtype)
     rows_, pos = None, None
     if roles.context is not None:  # the sequence in its context-parallel order, up front
         rows_ = context_parallel.order(s, plan.cp, balanced=plan.cp_balanced)

@@ -54,7 +54,9 @@ class Step:
     def w(self, key: str) -> ShardedArray:
         """The weight as the block uses it: under ZeRO-3 / FSDP, AllGather over the data axis first."""
         stored, data = self.weights[key], self.roles.data
-        return all_gather(stored, data, label=key) if self.roles.fsdp and data is not None else stored
+        if not (self.roles.fsdp and data is not None):
+            return stored
+        return all_gather(stored, data, label=key, category="temporaries")  # a buffer, freed after use
 
     @property
     def kv_heads(self) -> int:

@@ -1,0 +1,133 @@
+"""The memory of one training step of a transformer under a plan, read from the step's ledger.
+
+:func:`model_memory` runs :class:`~shardsim.training.model_trainer.ModelTrainer`'s own step
+shape-only at the real sizes (no arithmetic: every value's bytes and lifetime, no numbers) and
+returns what the ledger measured, per chip (the busiest chip of each category):
+
+- ``params``, ``grads``, ``optimizer`` (master weights and moments where the precision and
+  the ZeRO stage keep them), ``activations`` (what the blocks keep for the backward pass under
+  the plan's microbatching, recomputation and pipeline schedule, plus what each op makes),
+  ``temporaries`` (communication buffers: gathered weights, unreduced gradients, the slices
+  ZeRO-1/2 AllGather), and ``total``: each one's peak over the step;
+- the model state (``params``, ``grads``, ``optimizer``) live when the backward pass has
+  finished and the update has not begun, the moment the ZeRO paper's figures describe.
+
+The same contract as :func:`shardsim.cost.program.training_memory` for the MLP.
+
+The layers are identical, so a deep model need not be traced layer by layer: with ``k`` layers
+per pipeline chunk (``layers / (pp * virtual_stages)``) above :data:`SAMPLES`' largest, the
+step is run on copies of the model with 2, 3 and 4 layers per chunk, and every figure, which
+each added layer changes by the same bytes, is carried on to ``k`` along the line through
+them. Every figure is still the ledger's; if the three runs are not on one line the whole
+model is traced (as ``full=True`` always does). The tests hold this to the full trace.
+
+>>> from shardsim.models import get
+>>> from shardsim.plan import Plan
+>>> peak, state = model_memory(get("gpt-tiny"), Plan(dp=4, zero=3), batch=8, seq=16)
+>>> state["optimizer"] == 12 * get("gpt-tiny").param_count() // 4  # float32 master + m + v, split
+True
+>>> peak["temporaries"] > 0  # the weights FSDP gathers come and go
+True
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+from ..array import ShapeDtype
+from ..errors import ModelInputError, PlanError
+from ..mesh import Mesh
+from ..models import TransformerConfig
+from ..models import get as get_model
+from . import policies
+from .precision import Precision
+
+if TYPE_CHECKING:
+    from ..plan import Plan
+
+
+def model_memory(
+    cfg: TransformerConfig | str,
+    plan: Plan | str,
+    mesh: Mesh | None = None,
+    *,
+    batch: int,
+    seq: int | None = None,
+    optimizer: str = "adam",
+    precision: str | Precision | None = None,
+    policy: str | policies.BytePolicy | None = None,
+    full: bool = False,
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Each category's per-chip peak bytes over one shape-only training step (and ``"total"``),
+    and the model state between the backward pass and the update; see the module docstring.
+
+    ``cfg`` is a config or a preset name (``"llama3-70b"``), ``plan`` a :class:`Plan` or its
+    text; ``mesh`` (by default ``plan.mesh()``) gives the axis names and sizes only: the step
+    runs on a fresh copy. ``batch`` is the global batch in sequences of ``seq`` tokens (by
+    default ``cfg.seq``). ``precision`` (default: the plan's, else ``bf16``: bf16 weights,
+    float32 master weights and moments) or ``policy``, a byte policy's name
+    (:mod:`shardsim.training.policies`), which also names the optimizer. ``full`` traces
+    every layer even of a deep model.
+    """
+    from ..cost.program import _per_chip
+    from ..plan import Plan
+    from .model_trainer import ModelTrainer
+
+    cfg = get_model(cfg) if isinstance(cfg, str) else cfg
+    plan = Plan.parse(plan) if isinstance(plan, str) else plan
+    if not isinstance(plan, Plan):
+        raise PlanError(f"model_memory needs a Plan (or its text, e.g. 'dp=8,tp=8,zero=1'), got {plan!r:.60}")
+    mesh = plan.mesh() if mesh is None else Mesh(dict(zip(mesh.axis_names, mesh.shape)))
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < plan.dp:
+        raise ModelInputError(
+            f"batch={batch!r} sequences is smaller than the data-parallel degree dp={plan.dp}: every "
+            f"data-parallel chip needs at least one sequence; use a batch of at least {plan.dp} "
+            f"(a multiple of dp x microbatches = {plan.dp * plan.microbatches})"
+        )
+    if policy is not None:
+        if precision is not None:
+            raise PlanError("give precision= or policy=, not both: a byte policy is a precision and an optimizer")
+        chosen = policies.get(policy)
+        if chosen.zero is not None and chosen.zero != plan.zero:
+            raise PlanError(
+                f"byte policy {chosen.name!r} counts ZeRO stage {chosen.zero} ({chosen.bytes_per_param}); the plan "
+                f"has zero={plan.zero}: set zero={chosen.zero} in the plan or choose another policy"
+            )
+        precision, optimizer = chosen.precision, chosen.optimizer
+    prec = Precision.of(precision or plan.precision or "bf16")
+    tokens = ShapeDtype((batch, cfg.seq if seq is None else seq), "int32")
+
+    def measure(model: TransformerConfig) -> tuple[dict[str, int], dict[str, int]]:
+        shapes = {k: ShapeDtype(s, prec.compute) for k, s in model.param_shapes().items()}
+        trainer = ModelTrainer(
+            model, plan, Mesh(dict(zip(mesh.axis_names, mesh.shape))), shapes, optimizer, precision=prec
+        )
+        result = trainer.step(tokens, tokens)
+        return _per_chip(result.memory), _per_chip(result.model_state)
+
+    chunk = plan.pp * plan.virtual_stages
+    per_chunk = cfg.layers // chunk
+    if full or cfg.layers % chunk or per_chunk <= SAMPLES[-1]:
+        return measure(cfg)
+    runs = [measure(cfg.scaled(layers=k * chunk)) for k in SAMPLES]
+    carried = tuple(_along_the_line(SAMPLES, [r[i] for r in runs], per_chunk) for i in (0, 1))
+    if carried[0] is None or carried[1] is None:  # not one line: trace every layer
+        return measure(cfg)
+    return carried  # type: ignore[return-value]
+
+
+SAMPLES = (2, 3, 4)  # layers per pipeline chunk of the runs a deep model's figures are carried on from
+
+
+def _along_the_line(ks: tuple[int, ...], runs: list[dict[str, int]], k: int) -> dict[str, int] | None:
+    """Each figure at ``k`` on the line through its values at ``ks`` (equally spaced), or None
+    if some figure's values are not on one line."""
+    out = {}
+    for c in runs[0]:
+        ys = [r.get(c, 0) for r in runs]
+        steps = {b - a for a, b in itertools.pairwise(ys)}
+        if len(steps) != 1:
+            return None
+        out[c] = ys[0] + (k - ks[0]) // (ks[1] - ks[0]) * steps.pop()
+    return out
