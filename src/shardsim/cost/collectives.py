@@ -23,7 +23,10 @@ so its rate is the ring's divided by s, and each of its hops crosses s links.
 
 ``efficiency`` (:mod:`~shardsim.cost.efficiency`): calibrated, each level's bandwidth term is
 divided by its network's measured fraction at this V, every ring keeps (N-1)/N (measured
-rings pay it), and the network's ``launch_s`` is added once.
+rings pay it), and the network's ``launch_s`` is added once. A curve with ``step_s`` charges
+a flat ring's latency as NCCL's time model does: ``step_s`` per ring step over that network
+(a ring of N chips in nodes of 8 takes N - nodes NVLink steps and nodes - 1 network steps),
+added to the bandwidth term.
 
 >>> from shardsim import Mesh
 >>> from shardsim.cost import collective_time, get_hardware, place
@@ -76,7 +79,7 @@ def collective_time(
     times = 2 if op == "all_reduce" else 1  # AllReduce = ReduceScatter then AllGather
     op = "all_gather" if op == "all_reduce" else op
     exact = ring == "exact" or efficiency.calibrated
-    bandwidth, latency, launch = 0.0, 0.0, 0.0
+    bandwidth, latency, launch, steps = 0.0, 0.0, 0.0, 0.0
     for level in route.levels:
         if isinstance(level.net, Torus):
             b, t = _torus(op, nbytes, level, route.group_size, exact)
@@ -86,9 +89,12 @@ def collective_time(
         if measured is not None:
             b /= measured.fraction(nbytes)
             launch = max(launch, measured.launch_s)
+            if measured.step_s and op in GATHER_LIKE:  # a flat ring's steps over this level's links
+                steps += measured.step_s * (level.degree - 1) * route.group_size / (level.degree * level.below)
         bandwidth = max(bandwidth, b)
         latency = t if op == "ppermute" else latency + t
-    bandwidth, latency = times * bandwidth, times * latency + launch
+    # calibrated rings pay their steps' latency on top of the bandwidth term (NCCL's own model)
+    bandwidth, latency = times * (bandwidth + steps) + (launch if steps else 0.0), times * latency + launch
     return CommTime(max(bandwidth, latency), bandwidth, latency)
 
 

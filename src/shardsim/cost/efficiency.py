@@ -12,7 +12,12 @@ measured curves (constants and sources in ``docs/cost-model.md``):
 - **collective**: the bandwidth term of each network a collective crosses is divided by
   ``peak_fraction`` x V / (V + ``half_bytes``): the achieved bus bandwidth of a ring climbs
   with the message size V to a plateau below the link rate (nccl-tests' busbw). Rings pay
-  (N-1)/N, as measured rings do, and ``launch_s`` is added once per collective.
+  (N-1)/N, as measured rings do, and ``launch_s`` is added once per collective; ``step_s``
+  is charged per ring step over the network (a ring's latency grows with its length).
+- **the kernels a trace does not time** (norms, softmax, GeLU, dropout, residual adds, the
+  optimizer step, launches): ``non_matmul`` seconds of them per second of matmul, so every
+  matmul's time on the compute stream is multiplied by ``1 + non_matmul``. A chip's value is
+  fitted to published end-to-end runs (``docs/calibration.md`` says which rows); 0 where none.
 
 A chip whose preset lacks a curve runs that part at the ideal rate and
 :func:`resolve_efficiency` warns (:class:`CalibrationWarning`), naming what is missing.
@@ -94,7 +99,8 @@ class CollectiveEfficiency:
     """Achieved over link bandwidth of a collective moving V bytes: ``peak_fraction x V / (V + half_bytes)``.
 
     ``launch_s`` is a fixed time every collective pays on top (measured small-message time
-    beyond the per-hop latency).
+    beyond the per-hop latency); ``step_s`` the latency of each step of a ring over this
+    network, paid on top of the bandwidth term (NCCL's time model; 0: none).
 
     >>> CollectiveEfficiency(0.83, half_bytes=86e6).fraction(10e9) > 0.82
     True
@@ -104,11 +110,13 @@ class CollectiveEfficiency:
     half_bytes: float = 0.0
     launch_s: float = 0.0
     source: str = ""
+    step_s: float = 0.0
 
     def __post_init__(self) -> None:
         _fraction("peak_fraction", self.peak_fraction)
         _non_negative("half_bytes", self.half_bytes)
         _non_negative("launch_s", self.launch_s)
+        _non_negative("step_s", self.step_s)
 
     def fraction(self, nbytes: float) -> float:
         """Achieved / link bandwidth for an array of ``nbytes`` (V)."""
@@ -119,23 +127,37 @@ class CollectiveEfficiency:
 
 @dataclass(frozen=True)
 class Calibration:
-    """A chip's measured curves: ``matmul`` and one :class:`CollectiveEfficiency` per network name."""
+    """A chip's measured curves: ``matmul``, one :class:`CollectiveEfficiency` per network name,
+    and ``non_matmul``, the untimed kernels' seconds per matmul second (``source`` says where from).
+
+    >>> Calibration(non_matmul=-0.1)
+    Traceback (most recent call last):
+    ...
+    shardsim.errors.CostModelError: non_matmul = -0.1 must be a finite number >= 0
+    """
 
     matmul: MatmulEfficiency | None = None
     networks: Mapping[str, CollectiveEfficiency] = field(default_factory=dict)
+    non_matmul: float = 0.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _non_negative("non_matmul", self.non_matmul)
 
 
 @dataclass(frozen=True)
 class Efficiency:
     """The efficiency an estimate runs at: the mode and the curves in force (None: ideal).
 
-    ``missing`` names the parts a calibrated chip has no curve for (they run ideal).
+    ``missing`` names the parts a calibrated chip has no curve for (they run ideal);
+    ``non_matmul`` is the chip's :class:`Calibration` value (0 when ideal).
     """
 
     mode: str
     matmul: MatmulEfficiency | None = None
     networks: Mapping[str, CollectiveEfficiency] = field(default_factory=dict)
     missing: tuple[str, ...] = ()
+    non_matmul: float = 0.0
 
     @property
     def calibrated(self) -> bool:
@@ -145,6 +167,11 @@ class Efficiency:
         """Achieved / peak FLOP/s for a matmul of this intensity (1 when ideal)."""
         return 1.0 if self.matmul is None else self.matmul.fraction(intensity, str(dtype))
 
+    @property
+    def compute_factor(self) -> float:
+        """What a matmul's time on the compute stream is multiplied by: ``1 + non_matmul``."""
+        return 1.0 + self.non_matmul
+
     def describe(self) -> str:
         """One line: ``efficiency ideal`` or what the calibrated mode uses and lacks."""
         if not self.calibrated:
@@ -153,6 +180,8 @@ class Efficiency:
         if self.matmul is not None:
             parts.append(f"matmul up to {self.matmul.peak_fraction:.1%} of peak")
         parts += [f"{name} up to {c.peak_fraction:.1%} of link rate" for name, c in self.networks.items()]
+        if self.non_matmul:
+            parts.append(f"untimed kernels +{self.non_matmul:.0%} of matmul time")
         text = "efficiency calibrated (" + ", ".join(parts or ["no measured curves"]) + ")"
         if self.missing:
             text += "; ideal for " + ", ".join(self.missing) + " (no measured data)"
@@ -199,4 +228,4 @@ def resolve_efficiency(
             stacklevel=2,
         )
     curves = {name: cal.networks[name] for name in used if name in cal.networks}
-    return Efficiency("calibrated", cal.matmul, curves, tuple(missing))
+    return Efficiency("calibrated", cal.matmul, curves, tuple(missing), cal.non_matmul)

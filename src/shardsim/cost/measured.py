@@ -15,11 +15,12 @@ route (:func:`~shardsim.cost.collective_time`) under both efficiency modes; rows
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..mesh import Mesh
 from .collectives import collective_time
 from .efficiency import resolve_efficiency
+from .hardware import Hardware
 from .placement import place
 from .presets import get_hardware
 
@@ -28,7 +29,9 @@ from .presets import get_hardware
 class Measured:
     """One published measurement: ``op`` over mesh axis ``axis`` of ``mesh`` moving V = ``nbytes``.
 
-    ``busbw`` (bytes/s, nccl-tests' bus bandwidth) or ``seconds`` is what was measured.
+    ``busbw`` (bytes/s, nccl-tests' bus bandwidth) or ``seconds`` is what was measured;
+    ``node_egress`` (bytes/s per node, one way) replaces the preset's scale-out network when the
+    measured cluster had fewer NICs per node than the preset's DGX.
     """
 
     hardware: str
@@ -41,6 +44,16 @@ class Measured:
     source: str
     seconds: float | None = None
     busbw: float | None = None
+    node_egress: float | None = None
+
+    def chip(self) -> Hardware:
+        """The preset, with the measured cluster's scale-out network if it differs."""
+        hw = get_hardware(self.hardware)
+        if self.node_egress is None:
+            return hw
+        net = hw.networks["scaleout"]
+        domain = getattr(hw.networks.get("nvlink"), "domain", None) or 8
+        return hw.with_(networks={**hw.networks, "scaleout": replace(net, bandwidth=self.node_egress / domain)})
 
     def measured_s(self) -> float:
         """The measured time; from a bus bandwidth by nccl-tests' definition (AllReduce: 2(n-1)/n)."""
@@ -73,6 +86,20 @@ MEASURED = (
         "a100", "AllReduce 1 GiB, 8 GPUs (NVLink)", "all_reduce", (("X", 8),), "X",
         2**30, "check", "nccl-tests issue 149: 8x A100-80GB busbw about 200 GB/s up to 1 GiB", busbw=200e9,
     ),
+    Measured(
+        "a100", "AllReduce 4 GiB, 8 GPUs (NVLink)", "all_reduce", (("X", 8),), "X",
+        2**32, "check", "nccl-tests issue 175: one node, all_reduce_perf -e 4G, 232.54 GB/s", busbw=232.54e9,
+    ),
+    Measured(
+        "a100", "AllReduce 8 GiB, 12 nodes x 8 GPUs, 1 HDR NIC per node", "all_reduce", (("X", 96),), "X",
+        2**33, "check", "NVIDIA/nccl issue 412 (maintainer): busbw at 8G about 24 GB/s inter-node per HDR NIC",
+        busbw=24e9, node_egress=25e9,
+    ),
+    Measured(
+        "a100", "AllReduce 128 MiB, 3 nodes x 8 GPUs, 4 HDR NICs per node", "all_reduce", (("X", 24),), "X",
+        2**27, "check", "nccl-tests issue 119: peak busbw about 96 GB/s of 100 (4 x 200 Gb/s)",
+        busbw=96e9, node_egress=100e9,
+    ),
 )  # fmt: skip
 
 
@@ -103,7 +130,7 @@ def collective_comparison(rows: tuple[Measured, ...] = MEASURED) -> list[Compari
     """Every row of ``rows`` costed on its own mesh, ideal and calibrated."""
     out = []
     for r in rows:
-        hw = get_hardware(r.hardware)
+        hw = r.chip()
         placement = place(hw, Mesh(dict(r.mesh)))
         route = placement.route(r.axis)
         times = []

@@ -356,7 +356,8 @@ def _cost(
 
     if e.op == "matmul" or e.flops:
         r = matmul_time(e.flops, e.hbm_bytes, hardware, e.dtype or "bfloat16", efficiency)
-        return _Cost("compute" + suffix, links("compute"), r.seconds, r.bound, r.intensity, r.flops_s, r.memory_s)
+        matmul = _Cost("compute" + suffix, links("compute"), r.seconds, r.bound, r.intensity, r.flops_s, r.memory_s)
+        return _slowed(matmul, efficiency.compute_factor)  # the untimed kernels between matmuls (calibrated)
     if e.op in COLLECTIVES and e.axes:
         t = collective_time(e.op, _volume(e), placement.route(e.axes), hardware.ring, efficiency)
         axes_links = tuple(link for a in e.axes for link in links(f"comm {a}"))

@@ -1,0 +1,360 @@
+"""Published training runs beside the cost model: predicted against measured throughput.
+
+Each :class:`Run` is one row someone published: the model, the plan it ran (tensor,
+pipeline and data parallel degrees, ZeRO stage, recomputation, microbatches), the chips, the
+global batch and the throughput they measured. :func:`predict` runs the same model under the
+same plan shape-only on the same chips and reads the step time from the cost model's time
+line (``efficiency="calibrated"``, the preset's constants, the same for every row);
+:func:`table` prints every row with its error, as ``docs/calibration.md`` shows it.
+
+Throughput is TFLOP/s per GPU counted as the source counts it. PTD-P (Narayanan et al. 2021)
+counts every matmul FLOP including the recomputed forward pass (its Eq. 3); the trace's own
+matmul FLOPs under ``recompute=full`` are that count (``tests/test_calibration.py`` checks
+it against Eq. 3), so the predicted figure is the trace's FLOPs per chip over the predicted
+step. Llama 3 (Dubey et al. 2024) reports model FLOPs (no recomputation): the trace's FLOPs
+without recomputation over the step.
+
+>>> run = RUNS[0]
+>>> run.name, run.plan, run.chips, run.measured_tflops
+('PTD-P 1.7B', 'dp=32,recompute=full', 32, 137.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ShardsimError
+from ..models import TransformerConfig
+from ..models import presets as model_presets
+from ..plan import Plan
+from .efficiency import Calibration
+from .hardware import Hardware
+from .model_estimate import ModelEstimate, estimate_model
+from .presets import get_hardware
+
+PTDP = "Narayanan et al. 2021 (PTD-P)"
+LLAMA3 = "Dubey et al. 2024 (Llama 3)"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published run: ``model`` (a preset name, changed by ``overrides``) under ``plan`` on
+    ``hardware``, ``batch`` sequences per step, ``measured_tflops`` per GPU as ``source`` reports.
+
+    ``role`` is ``"fit"`` for the rows a constant was read from and ``"check"`` for the rest;
+    ``assumed`` says what the source leaves open and the row assumes. ``counted_layers``: the
+    run's own layer count when the model runs more to keep its pipeline stages equal (the
+    step is the busiest stage's either way; FLOPs are counted for ``counted_layers``).
+    """
+
+    name: str
+    group: str
+    model: str
+    plan: str
+    hardware: str
+    batch: int
+    measured_tflops: float
+    source: str
+    role: str = "check"
+    measured_mfu: float | None = None
+    overrides: tuple[tuple[str, Any], ...] = ()
+    assumed: str = ""
+    counted_layers: int | None = None
+
+    @property
+    def config(self) -> TransformerConfig:
+        """The model the run trained."""
+        cfg = model_presets.get(self.model)
+        return cfg.scaled(**dict(self.overrides)) if self.overrides else cfg
+
+    @property
+    def parsed_plan(self) -> Plan:
+        return Plan.parse(self.plan)
+
+    @property
+    def chips(self) -> int:
+        return self.parsed_plan.chips
+
+    @property
+    def seq(self) -> int:
+        return self.config.seq
+
+    @property
+    def batch_tokens(self) -> int:
+        return self.batch * self.seq
+
+
+_T1 = "PTD-P Table 1 (weak scaling, Selene DGX A100)"
+_Z3 = "PTD-P ZeRO-3 comparison (175B, global batch 1536)"
+_L3 = "Llama 3 405B, Table 4 (H100)"
+_UNTIED = (("tie_embeddings", False),)
+_MB1 = "microbatch 1, 1F1B (Table 1 gives neither); embedding and LM head untied (pp > 1)"
+
+
+def _t1(size: str, t: int, p: int, gpus: int, batch: int, tflops: float, row: int, role: str = "check") -> Run:
+    d = gpus // (t * p)
+    plan = Plan(dp=d, tp=t, pp=p, microbatches=batch // d if p > 1 else 1, recompute="full")
+    return Run(
+        f"PTD-P {size}",
+        _T1,
+        f"ptdp-{size.lower()}",
+        str(plan),
+        "a100",
+        batch,
+        tflops,
+        f"{PTDP}, Table 1 row {row}",
+        role,
+        overrides=_UNTIED if p > 1 else (),
+        assumed=_MB1 if p > 1 else "no microbatching (every GPU takes its B/d sequences at once)",
+    )
+
+
+def _zero3(gpus: int, tflops: float) -> Run:
+    return Run(
+        f"ZeRO-3 175B, {gpus:,} GPUs",
+        _Z3,
+        "gpt3-175b",
+        str(Plan(dp=gpus, zero=3, recompute="full")),
+        "a100",
+        1536,
+        tflops,
+        f"{PTDP}, §5.2 Table 2 (ZeRO-3 without model parallelism, microbatch {1536 // gpus})",
+        overrides=(("vocab", 51200),),
+        assumed="vocabulary 51,200 as all PTD-P GPT models; DeepSpeed ZeRO-3 as ZeRO stage 3 over 'data'",
+    )
+
+
+def _llama(gpus: int, cp: int, dp: int, tflops: float, mfu: float, role: str = "check") -> Run:
+    seq = 8192 * cp if cp > 1 else 8192
+    batch = 16 * 2**20 // seq  # "16M" tokens per step (Table 4)
+    plan = Plan(dp=dp, zero=1, tp=8, cp=cp, pp=16, microbatches=batch // dp, schedule="interleaved", virtual_stages=2)
+    # 126 layers: 16 stages of 8 with one fewer on the first and the last (Llama 3 §3.3.2);
+    # equal stages of 8 have the same busiest stage, so the step is the same
+    layers = (("layers", 128),)
+    return Run(
+        f"Llama 3 405B, {gpus:,} GPUs" + (f", CP {cp}, seq {seq:,}" if cp > 1 else ""),
+        _L3,
+        "llama3-405b",
+        str(plan),
+        "h100",
+        batch,
+        tflops,
+        f"{LLAMA3}, Table 4 (TP 8, CP {cp}, PP 16, DP {dp})",
+        role,
+        measured_mfu=mfu,
+        overrides=(*layers, ("seq", seq)) if cp > 1 else layers,
+        assumed="microbatch 1, the interleaved schedule with 2 chunks per stage (the least interleaving); "
+        "FSDP that keeps the weights after the forward pass as ZeRO-1 "
+        "(one gradient ReduceScatter and one weight AllGather per step); 16 equal stages of 8 layers, "
+        "FLOPs counted for 126",
+        counted_layers=126,
+    )
+
+
+RUNS: tuple[Run, ...] = (
+    _t1("1.7B", 1, 1, 32, 512, 137.0, 1, "fit"),
+    _t1("3.6B", 2, 1, 64, 512, 138.0, 2, "fit"),
+    _t1("7.5B", 4, 1, 128, 512, 142.0, 3, "fit"),
+    _t1("18.4B", 8, 1, 256, 1024, 135.0, 4, "fit"),
+    _t1("39.1B", 8, 2, 512, 1536, 138.0, 5),
+    _t1("76.1B", 8, 4, 1024, 1792, 140.0, 6),
+    _t1("145.6B", 8, 8, 1536, 2304, 148.0, 7),
+    _t1("310.1B", 8, 16, 1920, 2160, 155.0, 8),
+    _t1("529.6B", 8, 35, 2520, 2520, 163.0, 9),
+    _t1("1T", 8, 64, 3072, 3072, 163.0, 10),
+    _zero3(384, 144.0),
+    _zero3(768, 88.0),
+    _zero3(1536, 44.0),
+    _llama(8192, 1, 64, 430.0, 0.43, "fit"),
+    _llama(16384, 1, 128, 400.0, 0.41),
+    _llama(16384, 16, 8, 380.0, 0.38),
+)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A run with the cost model's step time (seconds), TFLOP/s per GPU and MFU for it."""
+
+    run: Run
+    step_s: float
+    tflops: float
+    mfu: float
+    efficiency: str
+
+    @property
+    def error(self) -> float:
+        """Predicted over measured throughput, minus one."""
+        return self.tflops / self.run.measured_tflops - 1
+
+    @property
+    def measured_step_s(self) -> float:
+        """The step time the published throughput implies (same FLOP count as ``tflops``)."""
+        return self.step_s * self.tflops / self.run.measured_tflops
+
+
+def predict(run: Run, efficiency: str = "calibrated", hardware: Hardware | None = None) -> Prediction:
+    """The cost model's figures for ``run``: :func:`~shardsim.cost.estimate` of its model under
+    its plan on the preset (or on ``hardware``, the same chip with other constants, as
+    :func:`fit_non_matmul` tries). Warns if the chip lacks a measured curve.
+
+    >>> p = predict(RUNS[0])
+    >>> p.run.name, abs(p.error) < 0.15
+    ('PTD-P 1.7B', True)
+    """
+    est = _estimate(run, efficiency, hardware or get_hardware(run.hardware))
+    counted = (run.counted_layers or run.config.layers) / run.config.layers
+    tflops = est.hardware_flops * counted / run.chips / est.step_s / 1e12
+    return Prediction(run, est.step_s, tflops, est.mfu * counted, efficiency)
+
+
+def _estimate(run: Run, efficiency: str, hardware: Hardware) -> ModelEstimate:
+    """The whole-model estimate of ``run`` (its program is cached by the cost model: a fit re-times it)."""
+    try:
+        est = estimate_model(
+            run.config,
+            run.parsed_plan,
+            hardware,
+            batch_tokens=run.batch_tokens,
+            seq=run.seq,
+            efficiency=efficiency,
+            memory=False,  # the table is about time; the training step's ledger would only slow it
+        )
+    except ShardsimError as err:
+        raise type(err)(f"{run.name} ({run.source}): {err}") from None
+    return est
+
+
+def fit_non_matmul(runs: Sequence[Run], tol: float = 2e-3, steps: int = 8) -> float:
+    """The :class:`~shardsim.cost.Calibration` ``non_matmul`` of the runs' chip that makes the
+    geometric mean of predicted over measured throughput 1 over ``runs``.
+
+    The mean log error falls smoothly as ``non_matmul`` grows (every matmul slows by
+    ``1 + non_matmul``), so a few secant steps from 0 and 0.5 find it; each step re-times
+    the runs' cached programs. 0 when the runs are slower than measured even without it.
+    This is how the presets' value was read from the ``fit`` rows; the other rows are checks.
+    """
+    names = {r.hardware for r in runs}
+    if len(names) != 1:
+        raise ShardsimError(f"fit_non_matmul fits one chip at a time; these runs are on {sorted(names)}")
+    base = get_hardware(names.pop())
+    cal = base.calibration or Calibration()
+
+    def log_error(value: float) -> float:
+        hw = base.with_(calibration=dataclasses.replace(cal, non_matmul=value))
+        return sum(math.log1p(predict(r, hardware=hw).error) for r in runs) / len(runs)
+
+    x0, x1 = 0.0, 0.5
+    f0 = log_error(x0)
+    if f0 <= 0:
+        return 0.0
+    f1 = log_error(x1)
+    for _ in range(steps):
+        x2 = max(0.0, x1 - f1 * (x1 - x0) / (f1 - f0))
+        if abs(x2 - x1) < tol:
+            return x2
+        x0, f0, x1, f1 = x1, f1, x2, log_error(x2)
+    return x1
+
+
+# Layer-microbatches (layers x microbatches) above which a pipelined row is left out of the
+# page (its time line has millions of steps); every published row is within it today: the
+# largest, PTD-P's 1T (128 x 512), takes about three minutes on two cores.
+PAGE_BUDGET = 100_000
+
+
+def not_predicted(run: Run, budget: int | None = PAGE_BUDGET) -> str | None:
+    """Why the table does not time ``run``, or None when it does (``budget=None``: no size limit)."""
+    plan = run.parsed_plan
+    if plan.pp > 1 and plan.cp > 1:
+        return "run_model does not pipeline a context-parallel model yet"
+    size = run.config.layers * plan.microbatches
+    if budget is not None and plan.pp > 1 and size > budget:
+        return (
+            f"{run.config.layers} layers x {plan.microbatches} microbatches: a time line of millions of steps, "
+            f"beyond the page's budget of {budget:,} layer-microbatches (predict() times it)"
+        )
+    return None
+
+
+def predictable(run: Run, budget: int | None = PAGE_BUDGET) -> bool:
+    """Whether the table times ``run`` (:func:`not_predicted` says why not)."""
+    return not_predicted(run, budget) is None
+
+
+def predictions(
+    runs: Sequence[Run] = RUNS, efficiency: str = "calibrated", budget: int | None = PAGE_BUDGET
+) -> list[Prediction]:
+    """:func:`predict` for every run that :func:`predictable` allows."""
+    return [predict(r, efficiency) for r in runs if predictable(r, budget)]
+
+
+def table(runs: Sequence[Run] = RUNS, budget: int | None = PAGE_BUDGET) -> str:
+    """Every run, measured beside predicted, as the Markdown table of ``docs/calibration.md``
+    (``budget=None`` times every row, the largest pipelines included: tens of minutes)."""
+    lines = [
+        "| run | plan | GPUs | batch | measured TFLOP/s | predicted | error | predicted MFU | row | source |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    done = {p.run: p for p in predictions(runs, budget=budget)}
+    for r in runs:
+        head = f"| {r.name} | `{r.plan}` | {r.chips:,} | {r.batch:,} | {r.measured_tflops:.0f} "
+        p = done.get(r)
+        if p is None:
+            lines.append(head + f"| not predicted | | | {r.role} | {r.source} |")
+        else:
+            lines.append(head + f"| {p.tflops:.0f} | {p.error:+.0%} | {p.mfu:.1%} | {r.role} | {r.source} |")
+    missing = [(r.name, not_predicted(r, budget)) for r in runs if r not in done]
+    if missing:
+        lines += ["", "Not predicted:", ""] + [f"- {name}: {why}." for name, why in missing]
+    return "\n".join(lines)
+
+
+def constants_table() -> str:
+    """The fitted constants per chip: the value in the preset and the rows it was read from."""
+    from .presets import hardware_names
+
+    lines = ["| chip | `non_matmul` | read from | source |", "|---|---:|---|---|"]
+    for name in hardware_names():
+        cal = get_hardware(name).calibration
+        fit = [r.name for r in RUNS if r.hardware == name and r.role == "fit"]
+        if not fit and (cal is None or not cal.non_matmul):
+            lines.append(f"| `{name}` | 0 | no published end-to-end run in the table | |")
+            continue
+        value = cal.non_matmul if cal is not None else 0.0
+        source = cal.source if cal is not None else ""
+        lines.append(f"| `{name}` | {value:g} | {', '.join(fit) or 'borrowed'} | {source} |")
+    return "\n".join(lines)
+
+
+def blocks() -> dict[str, Callable[[], str]]:
+    """The generated parts of ``docs/calibration.md``, by the name of their marker."""
+    from .critical import critical_table
+    from .measured import comparison_table
+
+    return {"runs": table, "constants": constants_table, "collectives": comparison_table, "critical": critical_table}
+
+
+def render(text: str, names: Sequence[str] | None = None) -> str:
+    """``text`` with every ``<!-- BEGIN name -->`` ... ``<!-- END name -->`` block recomputed.
+
+    >>> render("a\\n<!-- BEGIN constants -->\\nold\\n<!-- END constants -->\\nb", ["constants"]).splitlines()[2]
+    '| chip | `non_matmul` | read from | source |'
+    """
+    makers = blocks()
+    for name in names or list(makers):
+        begin, end = f"<!-- BEGIN {name} -->\n", f"\n<!-- END {name} -->"
+        if begin not in text or end not in text:
+            raise ShardsimError(f"docs block {name!r} has no '<!-- BEGIN {name} -->' ... '<!-- END {name} -->' markers")
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = head + begin + makers[name]() + end + tail
+    return text
+
+
+def block(text: str, name: str) -> str:
+    """The current content of block ``name`` in ``text`` (what :func:`render` would replace)."""
+    return text.split(f"<!-- BEGIN {name} -->\n", 1)[1].split(f"\n<!-- END {name} -->", 1)[0]
