@@ -22,7 +22,7 @@ from _timing import cpu
 from shardsim.cost import estimate, model_program
 from shardsim.cost import model_steps as steps
 from shardsim.models import TransformerConfig, get
-from shardsim.plan import Plan
+from shardsim.plans import Plan
 
 CASES = [
     ("llama3-405b", "dp=64,tp=8,zero=1", 64 * 8192),

@@ -17,7 +17,7 @@ import numpy as np
 from _timing import cpu, medians
 
 from shardsim.models import TransformerConfig, reference
-from shardsim.plan import Plan
+from shardsim.plans import Plan
 from shardsim.transformer.run import run_model
 
 B, S = 8, 512

@@ -15,7 +15,7 @@ import pytest
 
 from shardsim import ShapeDtype
 from shardsim.models import get
-from shardsim.plan import Plan
+from shardsim.plans import Plan
 from shardsim.transformer.run import run_model
 
 S, B, H, A, T = 2048, 1, 12288, 96, 8

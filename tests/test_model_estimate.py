@@ -8,7 +8,7 @@ from shardsim import Mesh, cost
 from shardsim.cost import estimate, estimate_model
 from shardsim.errors import PlanError, ShardsimError
 from shardsim.models import TransformerConfig, get
-from shardsim.plan import Plan
+from shardsim.plans import Plan
 from shardsim.training import model_memory
 
 SEQ = 16

@@ -9,7 +9,7 @@ from shardsim.cost.model_steps import check_batch, trace_model
 from shardsim.cost.timeline import build_timeline
 from shardsim.errors import DivisibilityError
 from shardsim.models import get
-from shardsim.plan import Plan
+from shardsim.plans import Plan
 
 SEQ = 16
 

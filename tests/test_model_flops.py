@@ -15,7 +15,7 @@ import pytest
 
 from shardsim import ShapeDtype
 from shardsim.models import TransformerConfig, get
-from shardsim.plan import Plan
+from shardsim.plans import Plan
 from shardsim.transformer.run import run_model
 
 

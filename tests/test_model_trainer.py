@@ -12,7 +12,7 @@ import shardsim
 from shardsim import ChipFailureError, DivisibilityError, ShapeDtype
 from shardsim.errors import PlanError, ShapeError
 from shardsim.models import TransformerConfig, get, reference
-from shardsim.plan import Plan
+from shardsim.plans import Plan
 from shardsim.training import Adam, Trainer
 from training_reference import Opt, _step
 

@@ -14,7 +14,7 @@ import pytest
 from shardsim import DivisibilityError, Mesh, ShapeDtype, formulas
 from shardsim.errors import ConfigError, ModelInputError, PlanError, ShardingError
 from shardsim.models import get
-from shardsim.plan import Plan
+from shardsim.plans import Plan
 from shardsim.training import Trainer, footprint, model_memory
 
 TINY = get("llama-tiny").scaled(seq=32)  # D=32, 4 heads (2 kv), F=96, V=64

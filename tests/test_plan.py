@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardsim import Mesh, MeshAxisError, ShardingError
-from shardsim.plan import Plan, PlanError
+from shardsim.plans import Plan, PlanError
 
 
 def test_parse_reads_every_field() -> None:

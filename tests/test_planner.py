@@ -17,12 +17,12 @@ from shardsim.cli import main
 from shardsim.cost import get_hardware
 from shardsim.errors import PlannerError, ShardsimError
 from shardsim.models import get
-from shardsim.plan import Plan
 from shardsim.planner import Candidate, days_to_train, fewest_chips, plan
 from shardsim.planner.bounds import memory_bound, stage_bound, time_bound
 from shardsim.planner.evaluate import evaluate
 from shardsim.planner.program import LayerCache
 from shardsim.planner.space import candidates, stage_layers
+from shardsim.plans import Plan
 from test_run_model import check_against_reference
 
 LLAMA = get("llama-tiny").scaled(layers=4)

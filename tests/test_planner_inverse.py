@@ -17,8 +17,8 @@ import pytest
 from shardsim.cost import get_hardware
 from shardsim.errors import PlannerError
 from shardsim.models import get
-from shardsim.plan import Plan
 from shardsim.planner import largest_model
+from shardsim.plans import Plan
 
 V100 = dataclasses.replace(get_hardware("a100"), name="v100-32gb", hbm_capacity=32e9)
 FAMILY = get("ptdp-7.5b").scaled(tie_embeddings=False, dropout=0.0)

@@ -13,10 +13,10 @@ import pytest
 
 from shardsim import cost
 from shardsim.models import get
-from shardsim.plan import Plan
 from shardsim.planner import Candidate, plan
 from shardsim.planner.evaluate import evaluate
 from shardsim.planner.program import LayerCache
+from shardsim.plans import Plan
 
 # PTD-P (2021) ran plain data parallelism, no ZeRO: its searches allow what it had
 PTDP = {"allow": ("dp", "tp", "sp", "pp", "cp")}

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from shardsim import DivisibilityError, ShapeDtype, ShapeError
 from shardsim.dtypes import tolerance
 from shardsim.models import TransformerConfig, get, reference
-from shardsim.plan import Plan, PlanError
+from shardsim.plans import Plan, PlanError
 from shardsim.transformer.checks import ModelInputError
 from shardsim.transformer.run import run_model
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from shardsim import DivisibilityError, PlanError, ShapeDtype
 from shardsim.models import TransformerConfig, reference
-from shardsim.plan import Plan
+from shardsim.plans import Plan
 from shardsim.transformer.run import run_model
 from test_run_model import check_against_reference
 

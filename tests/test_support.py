@@ -16,7 +16,7 @@ import pytest
 
 from shardsim import Mesh, strategies, support
 from shardsim.models import TransformerConfig
-from shardsim.plan import Plan
+from shardsim.plans import Plan
 from test_run_model import check_against_reference
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "support.md"

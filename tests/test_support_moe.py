@@ -16,7 +16,7 @@ import pytest
 from finite_differences import numeric_grad
 from shardsim import ConfigError, DivisibilityError, PlanError, ShapeDtype, checkpoint
 from shardsim.models import TransformerConfig, get, reference
-from shardsim.plan import Plan
+from shardsim.plans import Plan
 from shardsim.training import SGD, Trainer
 from shardsim.transformer.run import run_model
 from test_run_model import check_against_reference

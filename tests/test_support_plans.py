@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from fuzz_budget import budget
 from shardsim import ConfigError, Mesh, PlanError, mlp, strategies
 from shardsim.models import MLP
-from shardsim.plan import Plan
+from shardsim.plans import Plan
 from shardsim.strategies.runner import resolve_axes
 from shardsim.support import scheme_mesh
 from shardsim.training import SGD, Trainer

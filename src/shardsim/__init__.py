@@ -51,7 +51,8 @@ from .tracing import Trace, phase, trace
 if TYPE_CHECKING:  # loaded on first use (see __getattr__), named here for type checkers
     from . import checkpoint, cost, formulas, memory, mlp, models, moe, norm, pieces, pipeline, training
     from .pictures import show
-    from .plan import Plan
+    from .planner import plan
+    from .plans import Plan
     from .strategies import run_strategy
     from .training import Trainer, train_step
     from .transformer import run_model
@@ -60,7 +61,8 @@ if TYPE_CHECKING:  # loaded on first use (see __getattr__), named here for type 
 # training loop, checkpoints and cost model pull in json, hashing and the schemes, which a
 # program that only shards and reduces never needs.
 _LAZY = {
-    "Plan": "plan",
+    "Plan": "plans",
+    "plan": "planner",
     "run_model": "transformer",
     "show": "pictures",
     "run_strategy": "strategies",
@@ -144,6 +146,9 @@ __all__ = [
     "phase",
     "pieces",
     "pipeline",
+    "plan",
+    "planner",
+    "plans",
     "ppermute",
     "reduce_scatter",
     "reshard",

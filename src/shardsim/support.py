@@ -49,7 +49,7 @@ from .array import ShapeDtype
 from .errors import ShardsimError
 from .mesh import Mesh
 from .models import TransformerConfig, get, reference
-from .plan import Plan
+from .plans import Plan
 from .tracing import Trace
 
 COLUMNS = ("exact run", "Trainer step", "shape-only trace", "estimate", "critical batch", "checkpoint", "CLI")

@@ -30,7 +30,7 @@ from typing import Any
 from ..errors import ShardsimError
 from ..models import TransformerConfig
 from ..models import presets as model_presets
-from ..plan import Plan
+from ..plans import Plan
 from .efficiency import Calibration
 from .hardware import Hardware
 from .model_estimate import ModelEstimate, estimate_model

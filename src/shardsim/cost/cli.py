@@ -38,7 +38,7 @@ from .._cli_output import add_output_options, write_csv, write_json
 from .._options import key_values
 from ..errors import CommandLineError
 from ..mesh import Mesh
-from ..plan import Plan
+from ..plans import Plan
 from ..strategies.base import ROLE_DEFAULTS
 from .critical import Critical, critical_batch, scheme_mesh
 from .estimator import Estimate, estimate, sweep

@@ -44,7 +44,7 @@ from ..dtypes import resolve_dtype
 from ..errors import DivisibilityError, ShardsimError
 from ..mesh import Mesh
 from ..models import TransformerConfig
-from ..plan import Plan
+from ..plans import Plan
 from .efficiency import IDEAL, Efficiency, resolve_efficiency
 from .hardware import Hardware, Torus
 from .placement import AxisLink, place
@@ -273,7 +273,7 @@ def estimate(
     The first argument decides: a registered scheme name (``"fsdp"``...) is the MLP of the
     seeds on ``mesh`` with ``d_model``, ``d_ff`` and ``layers``; a
     :class:`~shardsim.models.TransformerConfig` or a model preset name (``"llama3-70b"``)
-    is that model under ``plan`` (a :class:`~shardsim.plan.Plan` or its string), estimated by
+    is that model under ``plan`` (a :class:`~shardsim.plans.Plan` or its string), estimated by
     :func:`~shardsim.cost.model_estimate.estimate_model` with ``batch_tokens``, ``seq``,
     ``chips`` and the options both share (``links``, ``topology``, ``efficiency``,
     ``optimizer``, ``precision``, ``overlap``, ``prefetch``, ``dtype``).

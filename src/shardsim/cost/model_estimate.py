@@ -32,7 +32,7 @@ from ..dtypes import resolve_dtype
 from ..errors import PlanError
 from ..models import TransformerConfig
 from ..models import get as get_model
-from ..plan import DEGREE, ROLES, Plan
+from ..plans import DEGREE, ROLES, Plan
 from .efficiency import Efficiency, resolve_efficiency
 from .estimator import Estimate, _gb, _memory_source, _ms
 from .hardware import Hardware, Switched
@@ -188,7 +188,7 @@ def resolve_model(model: TransformerConfig | str) -> TransformerConfig:
 
 
 def resolve_plan(plan: Plan | str) -> Plan:
-    """A plan or its string (``"dp=16,tp=8,pp=4,zero=1"``) as a :class:`~shardsim.plan.Plan`."""
+    """A plan or its string (``"dp=16,tp=8,pp=4,zero=1"``) as a :class:`~shardsim.plans.Plan`."""
     if isinstance(plan, Plan):
         return plan
     if isinstance(plan, str):

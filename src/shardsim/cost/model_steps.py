@@ -17,7 +17,7 @@ microbatch size, the sequence, the dtype), and so is each whole program, so a pl
 estimates thousands of plans traces each distinct layer once.
 
 >>> from shardsim.models import get
->>> from shardsim.plan import Plan
+>>> from shardsim.plans import Plan
 >>> prog = model_program(get("llama3-8b"), Plan(dp=2, tp=4), batch_tokens=2 * 8192, seq=8192)
 >>> prog.layers, prog.traced_layers, max(s.layer for s in prog.steps)
 (32, 3, 31)
@@ -39,7 +39,7 @@ from ..dtypes import resolve_dtype
 from ..errors import DivisibilityError
 from ..mesh import Mesh
 from ..models import TransformerConfig
-from ..plan import Plan
+from ..plans import Plan
 from ..tracing import Event
 from .program import Program, Step
 

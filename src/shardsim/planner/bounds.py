@@ -18,7 +18,7 @@ recomputation; attention only adds) at the chip's best matmul rate, stretched by
 pipeline's bubble ``(m + (p - 1)/v) / m``.
 
 >>> from shardsim.models import get
->>> from shardsim.plan import Plan
+>>> from shardsim.plans import Plan
 >>> from shardsim.cost import get_hardware
 >>> from .space import Candidate
 >>> cfg, hw = get("llama3-8b"), get_hardware("h100")
@@ -58,7 +58,7 @@ def busiest_stage_layers(model: TransformerConfig, c: Candidate) -> int:
     """Layers the busiest pipeline stage holds (all of them without a pipeline).
 
     >>> from shardsim.models import get
-    >>> from shardsim.plan import Plan
+    >>> from shardsim.plans import Plan
     >>> busiest_stage_layers(get("llama3-405b"), Candidate(Plan(pp=16, microbatches=16), 1, 16))
     8
     """
@@ -73,7 +73,7 @@ def busiest_stage_layers(model: TransformerConfig, c: Candidate) -> int:
 def in_flight(c: Candidate) -> int:
     """Microbatch chunks the first stage holds at once, from the schedule itself (1 without a pipeline).
 
-    >>> from shardsim.plan import Plan
+    >>> from shardsim.plans import Plan
     >>> p = Plan(pp=4, microbatches=8)
     >>> in_flight(Candidate(p, 1, 8)), in_flight(Candidate(p.replace(schedule="gpipe"), 1, 8))
     (4, 8)
@@ -121,7 +121,7 @@ def time_bound(model: TransformerConfig, c: Candidate, hw: Hardware, eff: Effici
     """Seconds no plan of this shape can take less than for one step (module doc).
 
     >>> from shardsim.models import get
-    >>> from shardsim.plan import Plan
+    >>> from shardsim.plans import Plan
     >>> from shardsim.cost import get_hardware
     >>> from shardsim.cost.efficiency import IDEAL
     >>> c = Candidate(Plan(dp=8), micro=1, batch=8)
@@ -146,7 +146,7 @@ def stage_bound(model: TransformerConfig, c: Candidate, per_layer_s: float, sync
     flush (``sync_s`` a layer; without one it overlaps the last backward and is not counted).
 
     >>> from shardsim.models import get
-    >>> from shardsim.plan import Plan
+    >>> from shardsim.plans import Plan
     >>> stage_bound(get("gpt-tiny"), Candidate(Plan(pp=1, microbatches=4), 1, 4), 1.0, 0.5)
     8.0
     """

@@ -17,7 +17,7 @@ weights and moments, 12 bytes per stored parameter, sharded over the data axis f
 on), the ZeRO paper's ``K = 12``.
 
 >>> from shardsim.models import get
->>> from shardsim.plan import Plan
+>>> from shardsim.plans import Plan
 >>> from .program import LayerCache
 >>> from .space import Candidate
 >>> cache = LayerCache(get("gpt-tiny"), "h100", seq=16)
@@ -34,7 +34,7 @@ from typing import Any
 
 from ..cost.timeline import Timeline
 from ..pipeline.schedule import Item, Schedule, _needs
-from ..plan import Plan
+from ..plans import Plan
 from .bounds import OPTIMIZER_BYTES, busiest_stage_layers, in_flight, schedule_of
 from .program import Layer, LayerCache
 from .space import Candidate, stage_layers

@@ -9,7 +9,7 @@ the days a token budget takes.
 - :func:`days_to_train`: the days a token budget takes at a plan's estimated tokens per second.
 
 >>> from shardsim.models import get
->>> from shardsim.plan import Plan
+>>> from shardsim.plans import Plan
 >>> cfg, est = largest_model(get("gpt-tiny"), "h100", Plan(dp=2), batch_tokens=2 * 16, seq=16, max_layers=64)
 >>> cfg.layers  # the toy is tiny: the search stops at its ceiling
 64
@@ -25,7 +25,7 @@ from ..cost.hardware import Hardware
 from ..cost.presets import get_hardware
 from ..errors import PlannerError
 from ..models import TransformerConfig
-from ..plan import Plan
+from ..plans import Plan
 from .evaluate import PlanEstimate, evaluate, model_state
 from .program import LayerCache
 from .search import plan as search

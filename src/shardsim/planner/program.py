@@ -13,7 +13,7 @@ The gradient reductions over the data axis are kept apart (``sync``): they run o
 (after the last microbatch; with a pipeline, after the flush), the rest once per microbatch.
 
 >>> from shardsim.models import get
->>> from shardsim.plan import Plan
+>>> from shardsim.plans import Plan
 >>> cache = LayerCache(get("gpt-tiny"), "h100", seq=16)
 >>> lay = cache.layer(Plan(dp=2, tp=2), micro=2)
 >>> lay.per_layer.fwd > 0 and lay.per_layer.bwd > 0, lay.stored > 0
@@ -40,7 +40,7 @@ from ..cost.program import program_steps, trace_steps
 from ..cost.timeline import Timeline, build_timeline
 from ..mesh import Mesh
 from ..models import TransformerConfig
-from ..plan import Plan
+from ..plans import Plan
 from ..tracing import Event, trace
 
 

@@ -1,6 +1,6 @@
 """The plan space: every way to shard a model on a cluster that the constraints allow.
 
-A :class:`Candidate` is a :class:`~shardsim.plan.Plan` with the three things a plan alone
+A :class:`Candidate` is a :class:`~shardsim.plans.Plan` with the three things a plan alone
 does not say: ``micro``, the sequences one data-parallel rank runs at once (the microbatch;
 ``plan.microbatches`` of them make the rank's share of the global batch), ``batch``, the
 global batch in sequences, and ``order``, the mesh axes outermost first, which decides the
@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import PlannerError
 from ..models import TransformerConfig
-from ..plan import RECOMPUTE, Plan
+from ..plans import RECOMPUTE, Plan
 
 PARALLELISMS = ("dp", "zero", "tp", "sp", "pp", "cp")
 FIXABLE = ("dp", "zero", "tp", "sp", "pp", "cp", "schedule", "virtual_stages", "microbatches", "recompute")

@@ -47,7 +47,7 @@ class Rejection:
 def family(c: Candidate) -> str:
     """The shape of a plan: its tensor, pipeline and context degrees (the large families).
 
-    >>> from shardsim.plan import Plan
+    >>> from shardsim.plans import Plan
     >>> family(Candidate(Plan(dp=2, tp=4, pp=2), 1, 2))
     'tp=4,pp=2,cp=1'
     """

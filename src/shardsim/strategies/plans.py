@@ -1,4 +1,4 @@
-"""Each registered MLP scheme is a :class:`~shardsim.plan.Plan` on the seeds' MLP, and back.
+"""Each registered MLP scheme is a :class:`~shardsim.plans.Plan` on the seeds' MLP, and back.
 
 The scheme names are what people say; the plan is what they mean. ``ddp`` is ``dp``,
 ``fsdp`` and ``zero3`` are ``dp`` with ``zero=3``, ``zero1``/``zero2`` the other stages,
@@ -35,7 +35,7 @@ from .base import ROLE_DEFAULTS, Ctx, Scheme
 from .runner import resolve_axes, stack_depth
 
 if TYPE_CHECKING:
-    from ..plan import Plan
+    from ..plans import Plan
 
 # What each scheme sets on a plan besides its degrees (one per role, read off the mesh).
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -77,7 +77,7 @@ def plan_of(name: str, mesh: Mesh, axes: Mapping[str, str] | None = None, **opti
     >>> plan_of("pp", Mesh(Z=4), microbatches=8)
     Plan.parse('pp=4,microbatches=8,pipe_axis=Z')
     """
-    from ..plan import DEGREE, Plan  # the plan module reads the training package, which reads this one
+    from ..plans import DEGREE, Plan  # the plan module reads the training package, which reads this one
 
     scheme = _scheme(name)
     if name not in SETTINGS:
@@ -100,7 +100,7 @@ def scheme_of(plan: Plan, model: MLP | None = None) -> str:
     """The registered MLP scheme that runs ``plan`` (on ``model``'s kind of block), or a
     :class:`~shardsim.PlanError` naming the parallelism no MLP scheme has and what to use.
 
-    >>> from shardsim.plan import Plan
+    >>> from shardsim.plans import Plan
     >>> scheme_of(Plan(dp=4, zero=2)), scheme_of(Plan(tp=2), MLP(4, 8, norm=True))
     ('zero2', 'tp_ln')
     >>> try:
@@ -156,7 +156,7 @@ def scheme_of(plan: Plan, model: MLP | None = None) -> str:
 def axes_of(plan: Plan, name: str) -> dict[str, str]:
     """Scheme ``name``'s roles mapped to ``plan``'s mesh axes (what ``axes=`` takes).
 
-    >>> from shardsim.plan import Plan
+    >>> from shardsim.plans import Plan
     >>> axes_of(Plan(dp=2, pp=2), "dp_pp")
     {'data': 'data', 'pipe': 'pipe'}
     """
@@ -167,7 +167,7 @@ def options_of(plan: Plan, name: str) -> dict[str, Any]:
     """The scheme options ``plan`` sets: a pipeline's schedule and microbatches (the plan's default
     of 1 leaves the scheme's own choice, a batch divisor near twice the stages).
 
-    >>> from shardsim.plan import Plan
+    >>> from shardsim.plans import Plan
     >>> options_of(Plan(pp=2, microbatches=4, schedule="gpipe"), "pp"), options_of(Plan(pp=2), "pp")
     ({'schedule': 'gpipe', 'microbatches': 4}, {'schedule': '1f1b'})
     """

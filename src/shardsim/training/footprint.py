@@ -25,7 +25,7 @@ one line the step is traced in full (as ``full=True`` always does). The tests ho
 full trace.
 
 >>> from shardsim.models import get
->>> from shardsim.plan import Plan
+>>> from shardsim.plans import Plan
 >>> peak, state = model_memory(get("gpt-tiny"), Plan(dp=4, zero=3), batch=8, seq=16)
 >>> state["optimizer"] == 12 * get("gpt-tiny").param_count() // 4  # float32 master + m + v, split
 True
@@ -47,7 +47,7 @@ from . import policies
 from .precision import Precision
 
 if TYPE_CHECKING:
-    from ..plan import Plan
+    from ..plans import Plan
 
 
 def model_memory(
@@ -74,7 +74,7 @@ def model_memory(
     every layer even of a deep model.
     """
     from ..cost.program import _per_chip
-    from ..plan import Plan
+    from ..plans import Plan
     from .model_trainer import ModelTrainer
 
     cfg = get_model(cfg) if isinstance(cfg, str) else cfg

@@ -1,4 +1,4 @@
-"""Training a transformer under a :class:`~shardsim.plan.Plan`: ``run_model``, then the optimizer step.
+"""Training a transformer under a :class:`~shardsim.plans.Plan`: ``run_model``, then the optimizer step.
 
 :meth:`Trainer.for_model <shardsim.training.Trainer.for_model>` builds a :class:`ModelTrainer`.
 Its :meth:`~ModelTrainer.step` runs :func:`~shardsim.transformer.run_model` (forward, loss,
@@ -23,7 +23,7 @@ and so do their master copy and moments. A step is all or nothing, as the MLP tr
 
 >>> import numpy as np, shardsim
 >>> from shardsim.models import get, reference
->>> from shardsim.plan import Plan
+>>> from shardsim.plans import Plan
 >>> from shardsim.training import Trainer
 >>> cfg = get("llama-tiny")
 >>> plan = Plan(dp=2, zero=1)
@@ -70,7 +70,7 @@ from .trainer import (
 )
 
 if TYPE_CHECKING:
-    from ..plan import Plan
+    from ..plans import Plan
 
 
 class ModelTrainer(Checkpointed):
@@ -87,7 +87,7 @@ class ModelTrainer(Checkpointed):
 
     >>> import shardsim
     >>> from shardsim.models import get
-    >>> from shardsim.plan import Plan
+    >>> from shardsim.plans import Plan
     >>> cfg = get("gpt-tiny")
     >>> shapes = {k: shardsim.ShapeDtype(s) for k, s in cfg.param_shapes().items()}
     >>> t = shardsim.training.Trainer.for_model(cfg, Plan(dp=2, zero=3), Plan(dp=2).mesh(), shapes, precision="bf16")
@@ -107,7 +107,7 @@ class ModelTrainer(Checkpointed):
         reduce_dtype: Any = None,
         dropout_seed: int | None = None,
     ) -> None:
-        from ..plan import Plan
+        from ..plans import Plan
         from ..transformer import checks
         from ..transformer.roles import Roles
         from ..transformer.run import place_weights
@@ -115,7 +115,7 @@ class ModelTrainer(Checkpointed):
         if not isinstance(cfg, TransformerConfig):
             raise PlanError(f"Trainer.for_model needs a shardsim.models.TransformerConfig, got {type(cfg).__name__}")
         if not isinstance(plan, Plan):
-            raise PlanError(f"Trainer.for_model needs a shardsim.plan.Plan, got {type(plan).__name__}")
+            raise PlanError(f"Trainer.for_model needs a shardsim.plans.Plan, got {type(plan).__name__}")
         if not isinstance(mesh, Mesh):
             raise PlanError(f"Trainer.for_model needs a shardsim.Mesh (e.g. plan.mesh()), got {type(mesh).__name__}")
         checks.check_plan(plan, mesh)

@@ -352,14 +352,14 @@ class Trainer(Checkpointed):
         **options: Any,
     ) -> ModelTrainer:
         """A trainer of transformer ``cfg`` (a :class:`~shardsim.models.TransformerConfig`) under
-        ``plan`` (a :class:`~shardsim.plan.Plan`) on ``mesh``: a
+        ``plan`` (a :class:`~shardsim.plans.Plan`) on ``mesh``: a
         :class:`~shardsim.training.model_trainer.ModelTrainer`, whose steps run
         :func:`~shardsim.transformer.run_model` and then this trainer's optimizer update.
         ``options``: ``precision``, ``reduce_dtype``, ``dropout_seed``.
 
         >>> import numpy as np
         >>> from shardsim.models import get, reference
-        >>> from shardsim.plan import Plan
+        >>> from shardsim.plans import Plan
         >>> cfg, plan = get("gpt-tiny"), Plan(dp=2, zero=2)
         >>> t = Trainer.for_model(cfg, plan, plan.mesh(), reference.init(cfg), "adam")
         >>> tok = np.arange(16).reshape(2, 8)

@@ -3,7 +3,7 @@
 Each failure names the culprit and the fix:
 
 >>> from shardsim.models import TransformerConfig
->>> from shardsim.plan import Plan
+>>> from shardsim.plans import Plan
 >>> cfg = TransformerConfig(layers=1, d_model=8, heads=2, d_ff=16, vocab=10, seq=4)
 >>> try:
 ...     check_model(cfg, Plan(tp=4), 4)
@@ -22,7 +22,7 @@ from ..array import ShapeDtype
 from ..errors import DivisibilityError, ModelInputError, PlanError
 from ..mesh import Mesh
 from ..models import TransformerConfig
-from ..plan import Plan
+from ..plans import Plan
 
 
 def check_plan(plan: Plan, mesh: Mesh) -> None:

@@ -17,7 +17,7 @@ from ..array import shard
 from ..memory import fmt_bytes
 from ..models import TransformerConfig, get, reference
 from ..pictures import trace_table
-from ..plan import Plan
+from ..plans import Plan
 from ..tracing import Trace, phase, trace
 from . import context_parallel
 from .blocks import layer_backward, layer_forward

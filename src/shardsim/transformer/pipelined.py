@@ -32,7 +32,7 @@ from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..pieces import split
 from ..pipeline.schedule import make
-from ..plan import Plan
+from ..plans import Plan
 from ..tracing import item as in_item
 from ..tracing import layer, phase, trace
 from . import checks, context_parallel

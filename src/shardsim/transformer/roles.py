@@ -7,7 +7,7 @@ model axis as Megatron splits it (column-parallel ``wq, wk, wv, w_in, w_gate, w_
 lm_head``, row-parallel ``wo, w_out, w_down``, vocabulary-parallel ``embed``) and, under
 ZeRO-3 / FSDP, its ``D`` dimension (or its only one) also over the data axis.
 
->>> from shardsim.plan import Plan
+>>> from shardsim.plans import Plan
 >>> r = Roles.of(Plan(dp=2, tp=2, sp=True, zero=3))
 >>> r.act(), r.weight_layout("layers.0.attn.wq"), r.weight_layout("layers.0.attn.bq")
 ('[B_data, S_model, D]', '[D_data, NH_model]', '[NH_{model,data}]')
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan import Plan
+from ..plans import Plan
 from .local import dim
 
 # dimension names of every weight (by the last part of its key) and which one the model axis splits

@@ -1,4 +1,4 @@
-"""``run_model``: one training forward and backward of the transformer under a :class:`~shardsim.plan.Plan`.
+"""``run_model``: one training forward and backward of the transformer under a :class:`~shardsim.plans.Plan`.
 
 The same program runs on data (small sizes, checked against the single-device reference)
 and on shape-only values (real sizes: every trace event and ledger entry, no arithmetic).
@@ -9,7 +9,7 @@ the sequence is put in its context-parallel order first (:mod:`.context_parallel
 
 >>> import numpy as np
 >>> from shardsim.models import TransformerConfig, reference
->>> from shardsim.plan import Plan
+>>> from shardsim.plans import Plan
 >>> cfg = TransformerConfig(layers=1, d_model=8, heads=2, d_ff=16, vocab=8, seq=4)
 >>> plan = Plan(tp=2)
 >>> p = reference.init(cfg, seed=0, dtype="float64")
@@ -37,7 +37,7 @@ from ..memory import MemoryLedger
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..models.inputs import check_params
-from ..plan import Plan
+from ..plans import Plan
 from ..tracing import Trace, layer, phase, trace
 from ..training.precision import Precision
 from . import checks, context_parallel

@@ -13,7 +13,7 @@ sequence-parallel forms (Korthikanti et al. 2022):
 ``leave`` backward  identity                     AllGather over the model axis
 ==================  ===========================  ==============================
 
->>> from shardsim.plan import Plan
+>>> from shardsim.plans import Plan
 >>> from shardsim.models import TransformerConfig
 >>> cfg = TransformerConfig(layers=1, d_model=8, heads=2, d_ff=16, vocab=8, seq=4)
 >>> Step(cfg, Roles.of(Plan()), {}, None).dropout_on
