@@ -22,3 +22,11 @@ def numeric_grad(f: Callable[[], float], value: np.ndarray, eps: float = 1e-6) -
         value[i] = old
         g[i] = (up - down) / (2 * eps)
     return g
+
+
+def root(f: Callable[[float], float], lo: float, hi: float) -> float:
+    """Where a decreasing ``f`` crosses zero in [lo, hi], by bisection (the first x with f(x) <= 0)."""
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) > 0 else (lo, mid)
+    return hi

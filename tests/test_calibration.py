@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from finite_differences import root
 from shardsim import CostModelError, DivisibilityError, Mesh
 from shardsim.cost import (
     Calibration,
@@ -99,13 +100,6 @@ def test_render_keeps_the_text_around_a_block_and_refuses_missing_markers():
         cal.render("no markers", ["runs"])
 
 
-def _bisect(f, lo, hi):
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if f(mid) > 0 else (lo, mid)
-    return hi
-
-
 def test_calibrated_critical_batch_of_fsdp_on_256_a100s_by_hand():
     # the critical table's fsdp / a100 / 256 row. Forward: two AllGathers of V = 2 D F bytes,
     # NVLink level V 7/8 / 300e9 and scale-out level V 31/32 / (8 x 25e9), each at its plateau,
@@ -127,7 +121,7 @@ def test_calibrated_critical_batch_of_fsdp_on_256_a100s_by_hand():
 
     pair = critical_both("fsdp", "a100", chips=256)
     assert pair.ideal.per_chip_batch == pytest.approx(3.12e14 / 2e11)  # C / W_node = 1560
-    assert pair.calibrated.per_chip_batch == pytest.approx(_bisect(excess, 1.0, 1e6), rel=1e-3)
+    assert pair.calibrated.per_chip_batch == pytest.approx(root(excess, 1.0, 1e6), rel=1e-3)
     table = critical_table([("fsdp", "a100", None, {"chips": 256})]).splitlines()
     assert f"| {pair.calibrated.per_chip_batch:,.1f} |" in table[2]
 

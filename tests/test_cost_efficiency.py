@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from finite_differences import root
 from shardsim import CostModelError, Mesh
 from shardsim.cost import (
     Calibration,
@@ -145,13 +146,6 @@ def test_missing_calibration_warns_naming_what_is_missing():
     assert cal.comm_s == pytest.approx(ideal.comm_s * 2 * 3 / 4)
 
 
-def _bisect(f, lo, hi):
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if f(mid) > 0 else (lo, mid)
-    return hi
-
-
 def test_calibrated_critical_batch_against_hand_derivation():
     # FSDP in one H100 node: the two forward AllGathers (V = 2 D F each, exact ring 7/8 at the
     # NVLink curve) against the two forward matmuls (2 b D F FLOPs each, intensity
@@ -166,7 +160,7 @@ def test_calibrated_critical_batch_against_hand_derivation():
         intensity = b * d * f / (b * d + d * f + b * f)
         return t_comm - 2 * 2 * b * d * f / (h100.flops() * eff.matmul_fraction(intensity))
 
-    want = _bisect(excess, 1.0, 1e6)
+    want = root(excess, 1.0, 1e6)
     pair = critical_both("fsdp", "h100", chips=8)
     assert pair.ideal.per_chip_batch == pytest.approx(9.9e14 / 4.5e11)  # SB gpus.md: 2200
     assert pair.calibrated.per_chip_batch == pytest.approx(want, rel=1e-3)
