@@ -64,8 +64,23 @@ class AxisLink:
     wraparound: bool | None = None
 
 
+class _Rings:
+    """Per-ring ``strides`` and ``shares``, 1 where a ring has none given."""
+
+    strides: tuple[int, ...]
+    shares: tuple[int, ...]
+
+    def stride(self, k: int) -> int:
+        """Hops between neighbouring chips of ring ``k`` (the rings sharing each of its links)."""
+        return self.strides[k] if k < len(self.strides) else 1
+
+    def share(self, k: int) -> int:
+        """Mesh axes whose rings share the hardware axis of ring ``k`` (its links split among them)."""
+        return self.shares[k] if k < len(self.shares) else 1
+
+
 @dataclass(frozen=True)
-class Part:
+class Part(_Rings):
     """A mesh axis's share of one network: ``size`` chips (torus: as ``rings``, ``wraps``).
 
     ``strides`` (torus) is, per ring, how many hops apart its chips sit on the hardware axis
@@ -80,18 +95,12 @@ class Part:
     strides: tuple[int, ...] = ()
     shares: tuple[int, ...] = ()
 
-    def stride(self, k: int) -> int:
-        return self.strides[k] if k < len(self.strides) else 1
-
-    def share(self, k: int) -> int:
-        return self.shares[k] if k < len(self.shares) else 1
-
     def ring_text(self) -> str:
         return "x".join(f"{r}:{self.stride(k)}" if self.stride(k) > 1 else str(r) for k, r in enumerate(self.rings))
 
 
 @dataclass(frozen=True)
-class Level:
+class Level(_Rings):
     """One network a collective's group crosses.
 
     ``degree`` is how many children of this level the group spans (on a torus, the product
@@ -107,14 +116,6 @@ class Level:
     wraps: tuple[bool, ...] = ()
     strides: tuple[int, ...] = ()
     shares: tuple[int, ...] = ()
-
-    def stride(self, k: int) -> int:
-        """Hops between neighbouring chips of ring ``k`` (the rings sharing each of its links)."""
-        return self.strides[k] if k < len(self.strides) else 1
-
-    def share(self, k: int) -> int:
-        """Mesh axes whose rings share the hardware axis of ring ``k`` (its links split among them)."""
-        return self.shares[k] if k < len(self.shares) else 1
 
 
 @dataclass(frozen=True)

@@ -82,18 +82,12 @@ def scheme_program(
     axes: Mapping[str, str] | None = None,
 ) -> Program:
     """Run ``scheme`` shape-only at these sizes on a fresh copy of ``mesh``; see the module doc."""
-    from ..strategies import mlp_for, run_strategy, weights_of
+    from ..strategies import run_strategy
 
-    if layers < 1:
-        raise ShardsimError(f"layers must be at least 1, got {layers}")
-    fresh = Mesh(dict(zip(mesh.axis_names, mesh.shape)))
+    fresh, params, x = _shape_only_inputs(scheme, mesh, batch, d_model, d_ff, layers, dtype, axes)
     for chip in np.argwhere(mesh.slowdown != 1.0):  # the cost model reads the slow chips off the mesh
         fresh.slow(float(mesh.slowdown[tuple(chip)]), **dict(zip(mesh.axis_names, map(int, chip))))
-    params = weights_of(scheme, mlp_for(scheme, mesh, d_model, d_ff, layers, axes), dtype)
-    x = ShapeDtype((batch, d_model), dtype)
-    result = run_strategy(
-        scheme, fresh, params, x, ShapeDtype((batch, d_model), dtype), activation=activation, axes=axes
-    )
+    result = run_strategy(scheme, fresh, params, x, x, activation=activation, axes=axes)
     return Program(scheme, fresh, program_steps(result.trace.events, layers), layers, _per_chip(result.memory))
 
 
@@ -127,16 +121,32 @@ def training_memory(
     >>> peak["params"] > state["params"]  # the gathered weights come and go
     True
     """
-    from ..strategies import mlp_for, weights_of
     from ..training import Trainer
 
-    params = weights_of(scheme, mlp_for(scheme, mesh, d_model, d_ff, layers, axes), dtype)
-    x = ShapeDtype((batch, d_model), dtype)
-    fresh = Mesh(dict(zip(mesh.axis_names, mesh.shape)))
+    fresh, params, x = _shape_only_inputs(scheme, mesh, batch, d_model, d_ff, layers, dtype, axes)
     policy = resolve_dtype(dtype).name if precision is None else precision
     trainer = Trainer(scheme, fresh, params, optimizer, precision=policy, activation=activation, axes=axes)
     result = trainer.step(x, x)
     return _per_chip(result.memory), _per_chip(result.model_state)
+
+
+def _shape_only_inputs(
+    scheme: str,
+    mesh: Mesh,
+    batch: int,
+    d_model: int,
+    d_ff: int,
+    layers: int,
+    dtype: Any,
+    axes: Mapping[str, str] | None,
+) -> tuple[Mesh, dict[str, ShapeDtype], ShapeDtype]:
+    """A fresh mesh of ``mesh``'s shape, the scheme's weights and the batch, all shape-only."""
+    from ..strategies import mlp_for, weights_of
+
+    if layers < 1:
+        raise ShardsimError(f"layers must be at least 1, got {layers}")
+    params = weights_of(scheme, mlp_for(scheme, mesh, d_model, d_ff, layers, axes), dtype)
+    return Mesh(dict(zip(mesh.axis_names, mesh.shape))), params, ShapeDtype((batch, d_model), dtype)
 
 
 def _per_chip(memory: Mapping[str, np.ndarray]) -> dict[str, int]:
