@@ -232,33 +232,28 @@ def trace() -> Iterator[Trace]:
 
 
 @contextlib.contextmanager
-def phase(name: str) -> Iterator[None]:
+def _tagged(var: contextvars.ContextVar[Any], value: Any) -> Iterator[None]:
+    """``var`` set to ``value`` inside the block, restored after."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+def phase(name: str) -> contextlib.AbstractContextManager[None]:
     """Tag the events inside the block with a phase: ``forward``, ``backward``, ``optimizer``..."""
-    token = _phase.set(name)
-    try:
-        yield
-    finally:
-        _phase.reset(token)
+    return _tagged(_phase, name)
 
 
-@contextlib.contextmanager
-def layer(index: int) -> Iterator[None]:
+def layer(index: int) -> contextlib.AbstractContextManager[None]:
     """Tag the events inside the block with the model layer they belong to (``Event.layer``)."""
-    token = _layer.set(index)
-    try:
-        yield
-    finally:
-        _layer.reset(token)
+    return _tagged(_layer, index)
 
 
-@contextlib.contextmanager
-def item(name: str) -> Iterator[None]:
+def item(name: str) -> contextlib.AbstractContextManager[None]:
     """Tag the events inside the block with the pipeline item they belong to (``Event.item``)."""
-    token = _item.set(name)
-    try:
-        yield
-    finally:
-        _item.reset(token)
+    return _tagged(_item, name)
 
 
 def current_phase() -> str:
