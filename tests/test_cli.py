@@ -340,6 +340,21 @@ def test_estimate_prints_the_step_breakdown(capsys) -> None:
     assert re.search(r"MFU \d+\.\d%, (compute|communication)-bound", out)
 
 
+def test_estimate_breakdown_is_a_table_of_every_collective(capsys) -> None:
+    """Axis names as long as ``model`` keep their column; counts are per layer as traced."""
+    argv = ["estimate", "--model", "llama2-7b", "--plan", "dp=2,tp=2,pp=2", "--hardware", "h100"]
+    argv += ["--chips", "8", "--batch-tokens", "16K", "--seq", "4096", "--breakdown"]
+    assert cli.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("phase"))
+    rows = [re.split(r"\s{2,}", line.strip()) for line in lines[start:]]
+    assert rows[0] == ["phase", "op", "axes", "label", "count", "ms", "exposed ms", "limit"]
+    assert all(len(r) == 8 for r in rows)
+    counts = {(r[0], r[2], r[3]): int(r[4]) for r in rows[1:]}
+    assert counts["forward", "model", "Attn out"] == 32  # one TP AllReduce per layer, 32 layers
+    assert counts["backward", "data", "dlayers.mlp.w_up"] == 32  # one gradient AllReduce per layer's weight
+
+
 def test_sweep_lists_every_scheme_and_batch(capsys) -> None:
     assert cli.main(["sweep", "--hardware", "h100", "--chips", "8", "--batches", "1024,65536"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]

@@ -35,6 +35,7 @@ from .._cli_args import (
     write_chrome_trace_option,
 )
 from .._cli_output import add_output_options, write_csv, write_json
+from .._format import table_text
 from .._options import key_values
 from ..errors import CommandLineError
 from ..mesh import Mesh
@@ -251,12 +252,11 @@ def tokens_type(text: str) -> int:
 
 
 def _print_breakdown(est: Estimate) -> None:
-    print(f"{'phase':<9}{'op':<15}{'axes':<5}{'label':<10}{'count':>6}{'ms':>10}{'exposed':>10}  limit")
+    rows = [("phase", "op", "axes", "label", "count", "ms", "exposed ms", "limit")]
     for r in est.breakdown("collective"):
-        print(
-            f"{r['phase']:<9}{r['op']:<15}{r['axes']:<5}{r['label']:<10}{r['count']:>6}"
-            f"{r['seconds'] * 1e3:>10.4g}{r['exposed_s'] * 1e3:>10.4g}  {r['limit']}"
-        )
+        times = f"{r['seconds'] * 1e3:.4g}", f"{r['exposed_s'] * 1e3:.4g}"
+        rows.append((r["phase"], r["op"], r["axes"], r["label"], str(r["count"]), *times, r["limit"]))
+    print(table_text(rows, right={4, 5, 6}))
 
 
 def estimate_record(e: Estimate) -> dict[str, Any]:
