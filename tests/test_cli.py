@@ -355,6 +355,20 @@ def test_estimate_breakdown_is_a_table_of_every_collective(capsys) -> None:
     assert counts["backward", "data", "dlayers.mlp.w_up"] == 32  # one gradient AllReduce per layer's weight
 
 
+def test_fsdp_tp_without_a_mesh_takes_the_fastest_split(capsys) -> None:
+    from shardsim.cost import best_split
+
+    argv = ["estimate", "--scheme", "fsdp_tp", "--hardware", "tpu-v5p", "--chips", "64", "--per-chip-batch", "512"]
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    best = best_split("tpu-v5p", 64 * 512, 8192, 32768, chips=64)
+    assert f"the fastest split is {best.mesh}" in out and f"fsdp_tp on {best.mesh} (tpu-v5p)" in out
+    assert best.mesh.shape != (64, 1)  # at 512 tokens per chip plain FSDP is communication-bound
+    # the v5p has no measured matmul curve: one line saying so, not Python's file and source line
+    assert err.splitlines() == [line for line in err.splitlines() if line.startswith("shardsim estimate: warning:")]
+    assert "has no measured efficiency for matmul" in err
+
+
 def test_sweep_lists_every_scheme_and_batch(capsys) -> None:
     assert cli.main(["sweep", "--hardware", "h100", "--chips", "8", "--batches", "1024,65536"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]

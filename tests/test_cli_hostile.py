@@ -67,7 +67,7 @@ def assert_one_line_error(code: int, out: str, err: str) -> None:
         (["estimate", "--png", "/"], r"is a folder; give a file name"),
         (["estimate", "--layers", "100000"], r"argument --layers: expected a whole number from 1 to 1,024"),
         (["estimate", "--width", "5"], r"argument --width: expected a whole number from 20 to 1,000"),
-        (["estimate", "--scheme", "fsdp_tp"], r"fsdp_tp needs --mesh X=...,Y=..."),
+        (["estimate", "--scheme", "fsdp_tp", "--chips", "7", "--hardware", "h100"], r"no X x Y split of 7 chips fits"),
         (["critical", "--d-ff", "-5"], r"argument --d-ff: expected a whole number from 1"),
         (["train", "--steps", "0"], r"argument --steps: expected a whole number from 1 to 10,000, got 0"),
         (["train", "--steps", "100000"], r"from 1 to 10,000, got 100000"),

@@ -30,7 +30,8 @@ import contextlib
 import os
 import sys
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -170,6 +171,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+@contextlib.contextmanager
+def _warnings_as_lines(prog: str) -> Iterator[None]:
+    """Print each warning a command raises as one line on stderr, ``prog: warning: ...``, not
+    as Python's file, line and source text."""
+
+    def show(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+        print(f"{prog}: warning: {message}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
 def _main(argv: Sequence[str] | None) -> int:
     try:
         args, extra = build_parser().parse_known_args(argv)
@@ -182,7 +196,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return e.code if isinstance(e.code, int) else 0
     prog = f"shardsim {args.command}"
     try:
-        return int(args._run(args))
+        with _warnings_as_lines(prog):
+            return int(args._run(args))
     except UsageError as e:  # a subcommand's own parser (e.g. a --scheme list) refused a value
         return _fail(e.prog, str(e))
     except ShardsimError as e:

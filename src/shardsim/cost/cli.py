@@ -41,7 +41,7 @@ from ..errors import CommandLineError
 from ..mesh import Mesh
 from ..plans import Plan
 from ..strategies.base import ROLE_DEFAULTS
-from .critical import Critical, critical_batch, scheme_mesh
+from .critical import Critical, best_split, critical_batch, scheme_mesh
 from .estimator import Estimate, estimate, sweep
 from .hardware import Hardware
 from .presets import get_hardware, hardware_names
@@ -107,10 +107,11 @@ def cli_estimate(args: argparse.Namespace) -> int:
     scheme = _scheme(args.scheme)
     _check_png(args.png)
     check_output_path("--chrome-trace", args.chrome_trace)
+    split = scheme == "fsdp_tp" and not args.mesh  # the chips' best X x Y split, as best_split finds it
     if args.mesh:
         mesh = Mesh(args.mesh)
-    elif scheme == "fsdp_tp":
-        raise CommandLineError("fsdp_tp needs --mesh X=...,Y=... (or 'shardsim sweep', which tries every split)")
+    elif split:
+        mesh = Mesh(X=args.chips)
     elif len(_roles(scheme)) > 1:
         example = ",".join(f"{ROLE_DEFAULTS[r]}=2" for r in _roles(scheme))
         raise CommandLineError(f"{scheme} needs --mesh with an axis for each of its roles, e.g. --mesh {example}")
@@ -119,8 +120,15 @@ def cli_estimate(args: argparse.Namespace) -> int:
     batch = args.batch if args.batch is not None else args.per_chip_batch * mesh.size
     if batch > LIMITS["batch"]:
         raise CommandLineError(f"--per-chip-batch x {mesh.size} chips is {batch:,} tokens; the limit is 2**34")
-    est = estimate(scheme, mesh, hw, batch, args.d_model, args.d_ff, args.layers, not args.no_overlap, links=args.links,
-                   efficiency=args.efficiency)
+    if split:
+        est = best_split(hw, batch, args.d_model, args.d_ff, chips=args.chips, layers=args.layers,
+                         overlap=not args.no_overlap, links=args.links, efficiency=args.efficiency)
+        mesh = est.mesh
+        if not (args.json or args.csv):
+            print(f"fsdp_tp on {args.chips} chips: the fastest split is {mesh} (--mesh sets one)")
+    else:
+        est = estimate(scheme, mesh, hw, batch, args.d_model, args.d_ff, args.layers, not args.no_overlap,
+                       links=args.links, efficiency=args.efficiency)
     crit = (
         critical_batch(scheme, hw, args.d_ff, d_model=args.d_model, mesh=mesh, links=args.links)
         if args.critical
