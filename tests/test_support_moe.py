@@ -3,7 +3,8 @@
 The reference's MoE gradients are held to central differences; run_model to the reference
 under every plan (float64); the AllToAll bytes to GShard's count by hand: each of the four
 AllToAlls of a layer sends ``(N-1)/N`` of a chip's ``E x S x D`` slot buffer, where a chip's
-``S = T_local`` slots per expert (no capacity drops) over the ``N`` chips of the expert axis.
+``S = T_local`` slots per expert (no capacity drops) over the ``N`` chips of the expert axis,
+or, under a capacity factor, ``C`` slots per expert for each of the chip's sequences.
 """
 
 from __future__ import annotations
@@ -82,6 +83,46 @@ def test_the_alltoalls_send_what_gshard_counts() -> None:
 
 
 @pytest.mark.parametrize(
+    "text", ["dp=2", "ep=2", "dp=2,ep=2", "tp=2,sp,ep=2", "dp=2,ep=2,tp=2,pp=2,microbatches=2,recompute=full"]
+)
+def test_a_capacity_drops_the_tokens_the_reference_drops(text: str) -> None:
+    """Capacity factor 0.5 at top-2 of 4 experts: one slot per expert per 4-token sequence for
+    8 choices, so half the choices are dropped, each sequence on its own."""
+    cfg = MOE.scaled(capacity_factor=0.5)
+    assert cfg.expert_capacity(cfg.seq) == 1
+    plan = Plan.parse(text)
+    check_against_reference(cfg, plan, "float64", 4 * plan.dp * plan.ep * plan.microbatches, None)
+
+
+def test_the_reference_drops_past_the_capacity_per_sequence() -> None:
+    cfg = MOE.scaled(layers=1, capacity_factor=0.5)
+    params = reference.init(cfg, seed=1, dtype="float64")
+    tok = np.arange(8).reshape(2, 4) % cfg.vocab
+    kept = reference.loss(cfg, params, tok, tok)
+    assert kept != reference.loss(MOE.scaled(layers=1), params, tok, tok)  # something was dropped
+    # each sequence is its own group: the first sequence's loss is the same alone or beside another
+    first = reference.loss(cfg, params, tok[:1], tok[:1])
+    second = reference.loss(cfg, params, tok[1:], tok[1:])
+    assert kept == pytest.approx((first + second) / 2, rel=1e-12)
+
+
+def test_a_capacity_sizes_the_experts_matmuls_and_alltoalls() -> None:
+    """Per chip: E/ep experts x (B/dp sequences x C slots) rows; C = ceil(1.25 x 2 x 8192 / 8) = 2560."""
+    cfg = get("llama3-8b").scaled(layers=1, experts=8, mlp="gelu", capacity_factor=1.25)
+    plan = Plan.parse("dp=2,ep=4")
+    shapes = {k: ShapeDtype(v, "bfloat16") for k, v in cfg.param_shapes().items()}
+    b = 8
+    ids = ShapeDtype((b, cfg.seq), "int64")
+    events = run_model(cfg, plan, plan.mesh(), shapes, ids, ids).trace.events
+    c = 2560
+    rows = (cfg.experts // plan.ep) * (b // plan.dp) * c
+    expert = [e for e in events if e.op == "matmul" and ("moe.w_" in e.label or e.label in ("H.T @ dY", "Buf.T @ dH"))]
+    assert len(expert) == 6 and {e.flops for e in expert} == {2 * rows * cfg.d_model * cfg.d_ff}
+    sends = {e.sent_bytes for e in events if e.op == "all_to_all"}
+    assert sends == {(plan.ep - 1) * cfg.experts * (b // (plan.dp * plan.ep)) * c * cfg.d_model * 2 // plan.ep}
+
+
+@pytest.mark.parametrize(
     ("cfg", "text", "error", "words"),
     [
         (MOE.scaled(experts=0), "ep=2", PlanError, "this model has none"),
@@ -107,6 +148,10 @@ def test_a_bad_moe_config_says_what_to_choose() -> None:
         MOE.scaled(mlp="swiglu")
     with pytest.raises(ConfigError, match="number of experts"):
         MOE.scaled(experts=-1)
+    with pytest.raises(ConfigError, match="capacity_factor is a positive number"):
+        MOE.scaled(capacity_factor=0)
+    with pytest.raises(ConfigError, match="give experts > 0 too"):
+        MOE.scaled(experts=0, capacity_factor=1.25)
 
 
 def test_the_batch_must_divide_over_data_and_expert_axes() -> None:

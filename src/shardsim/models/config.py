@@ -52,8 +52,12 @@ class TransformerConfig:
     off ``embed.T`` instead of a separate ``lm_head``. ``dropout`` is the probability of each
     of the three dropout sites (attention probabilities, attention output, MLP output).
     ``experts > 0`` makes every block's MLP a mixture of ``experts`` GELU experts, each token
-    routed to its ``top_k`` by a learned router (GShard, Lepikhin et al. 2020; no token is
-    dropped): weights ``moe.router [D, E]``, ``moe.w_in [E, D, F]``, ``moe.w_out [E, F, D]``.
+    routed to its ``top_k`` by a learned router (GShard, Lepikhin et al. 2020): weights
+    ``moe.router [D, E]``, ``moe.w_in [E, D, F]``, ``moe.w_out [E, F, D]``. Each sequence is one
+    routing group; ``capacity_factor`` None keeps every token (each expert has a slot for every
+    token of the group, so the experts' matmuls run ``E/top_k`` times the routed work), a factor
+    ``f`` gives each expert ``ceil(f * top_k * seq / E)`` slots per sequence and drops the
+    tokens past them in token order (GShard's and Switch's capacity; 1.25 is common).
 
     >>> TransformerConfig(layers=1, d_model=8, heads=3, d_ff=16, vocab=10, seq=4)
     Traceback (most recent call last):
@@ -80,6 +84,7 @@ class TransformerConfig:
     name: str = ""
     experts: int = 0
     top_k: int = 2
+    capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
         for field in ("layers", "d_model", "heads", "d_ff", "vocab", "seq"):
@@ -133,6 +138,15 @@ class TransformerConfig:
                     f"TransformerConfig.experts={self.experts} with mlp={self.mlp!r}: the experts are GELU MLPs "
                     "(W_in, W_out); use mlp='gelu'"
                 )
+        if self.capacity_factor is not None:
+            f = self.capacity_factor
+            if not self.experts:
+                raise ConfigError("TransformerConfig.capacity_factor sizes the experts' slots: give experts > 0 too")
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < math.inf:
+                raise ConfigError(
+                    f"TransformerConfig.capacity_factor is a positive number (1.25: a quarter more slots than a "
+                    f"balanced load needs), or None to keep every token; got {f!r}"
+                )
         for field in ("bias", "tie_embeddings"):
             if not isinstance(getattr(self, field), bool):
                 raise ConfigError(f"TransformerConfig.{field} must be True or False, got {getattr(self, field)!r}")
@@ -154,6 +168,17 @@ class TransformerConfig:
         (2, 6)
         """
         return self.d_model // self.heads if self.head_dim is None else self.head_dim
+
+    def expert_capacity(self, seq: int) -> int | None:
+        """Slots per expert per sequence of ``seq`` tokens, ``ceil(capacity_factor * top_k * seq / experts)``
+        (None: every token is kept).
+
+        >>> TransformerConfig(1, 8, 2, 16, 10, 64, experts=8, top_k=2, capacity_factor=1.25).expert_capacity(64)
+        20
+        """
+        if self.capacity_factor is None:
+            return None
+        return math.ceil(self.capacity_factor * self.top_k * seq / self.experts)
 
     def _norm_shapes(self, prefix: str) -> dict[str, tuple[int, ...]]:
         shapes: dict[str, tuple[int, ...]] = {f"{prefix}.gamma": (self.d_model,)}

@@ -80,6 +80,12 @@ def _experts(params: Params, prefix: str) -> Params:
     return {k: params[f"{prefix}.moe.{k}"] for k in ("router", "w_in", "w_out")}
 
 
+def _routing(cfg: TransformerConfig, shape: tuple[int, ...]) -> dict[str, Any]:
+    """top_k, and each sequence of ``shape = (B, S, D)`` one group with the config's capacity."""
+    b, s = shape[0], shape[1]
+    return {"top_k": cfg.top_k, "capacity": cfg.expert_capacity(s), "groups": b}
+
+
 def _masks(cfg: TransformerConfig, layer: int, seed: int | None, b: int, s: int) -> dict[str, np.ndarray | None]:
     if seed is None or cfg.dropout == 0.0:
         return dict.fromkeys(SITES)
@@ -105,7 +111,8 @@ def _block_forward(
     c["x_mid"] = x = x + dropout(_linear(params, f"{p}.attn.wo", f"{p}.attn.bo", o), masks["attn_out"], cfg.dropout)
     c["h2"] = h2 = _norm(cfg, params, f"{p}.mlp_norm", x)
     if cfg.experts:  # the mixture of experts on every token of the batch, token by token
-        m = moe.forward(_experts(params, p), h2.reshape(-1, cfg.d_model), "gelu", top_k=cfg.top_k).reshape(h2.shape)
+        m = moe.forward(_experts(params, p), h2.reshape(-1, cfg.d_model), "gelu", **_routing(cfg, h2.shape))
+        m = m.reshape(h2.shape)
     elif cfg.mlp == "gelu":
         c["u"] = u = _linear(params, f"{p}.mlp.w_in", f"{p}.mlp.b_in", h2)
         c["act"] = act = gelu(u)
@@ -154,7 +161,7 @@ def _block_backward(
     dm = dropout(dx, masks["mlp_out"], cfg.dropout)
     if cfg.experts:
         flat = c["h2"].reshape(-1, cfg.d_model)
-        g = moe.backward(_experts(params, p), flat, dm.reshape(flat.shape), "gelu", top_k=cfg.top_k)
+        g = moe.backward(_experts(params, p), flat, dm.reshape(flat.shape), "gelu", **_routing(cfg, c["h2"].shape))
         grads.update({f"{p}.moe.{k}": g[k] for k in ("router", "w_in", "w_out")})
         dh2 = g["x"].reshape(c["h2"].shape)
     elif cfg.mlp == "gelu":

@@ -8,7 +8,8 @@ tokens and the AllToAll over the expert axis takes them to their experts and bac
 MoE, forward (x: ``[B_{data,expert}, S, D]``)
     1. Cn = Norm(x)                           [B, S, D]  (SP: AllGather the sequence)
     2. the ep scheme on the tokens [T, D]: router, top-k, dispatch, AllToAll expert,
-       the experts, AllToAll expert, combine  (every token kept: no capacity drops)
+       the experts, AllToAll expert, combine  (each sequence a group; past the config's
+       capacity a token's expert is dropped, as the reference drops it)
     3. x + dropout(.)                         (SP: each chip keeps its own S/t rows)
 
 Under tensor parallelism each model-axis chip runs the experts on the same tokens (the
@@ -31,10 +32,17 @@ Grads = dict[str, ShardedArray]
 WEIGHTS = ("router", "w_in", "w_out")
 
 
-def _ctx(step: Step) -> Ctx:
-    r = step.roles
+def _ctx(step: Step, tokens: ShardedArray) -> Ctx:
+    """The ep scheme's axes and routing for ``tokens [B, S, D]``: top_k, and with a capacity
+    factor each sequence one group of ``cfg.expert_capacity(S)`` slots per expert, as the
+    reference routes them."""
+    r, cfg = step.roles, step.cfg
     axes = {role: axis for role, axis in (("data", r.data), ("expert", r.expert)) if axis is not None}
-    return Ctx(axes=axes, activation="gelu", options={"top_k": step.cfg.top_k})
+    options: dict[str, int] = {"top_k": cfg.top_k}
+    capacity = cfg.expert_capacity(tokens.global_shape[1])
+    if capacity is not None:
+        options.update(capacity=capacity, groups=tokens.global_shape[0])
+    return Ctx(axes=axes, activation="gelu", options=options)
 
 
 def _weights(step: Step, i: int) -> dict[str, ShardedArray]:
@@ -52,7 +60,7 @@ def forward(step: Step, i: int, x: ShardedArray) -> tuple[ShardedArray, Saved]:
     gamma = step.w(f"layers.{i}.mlp_norm.gamma")
     c = norms.forward(cfg.norm, x, gamma, step.w(beta) if step.has(beta) else None, cfg.norm_eps).named("Cn")  # 1.
     c_full = step.enter(c, "Cn")
-    y, kept = ep.forward(_ctx(step), flat_tokens(c_full).named("Tokens"), _weights(step, i))  # 2.
+    y, kept = ep.forward(_ctx(step, c_full), flat_tokens(c_full).named("Tokens"), _weights(step, i))  # 2.
     y = _own_rows(step, unflat_tokens(y, c_full).named("MoE out"))
     del c_full
     saved: Saved = {"x": x, "Cn": c, **{f"moe {k}": v for k, v in kept.items()}}
@@ -66,7 +74,7 @@ def backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> tuple[Shar
     cfg = step.cfg
     dz = step.enter(step.drop(dout, saved.get("mask mlp_out")), "dMoE out")  # 3.
     kept = {k[4:]: saved.pop(k) for k in list(saved) if k.startswith("moe ")}
-    dtok, g = ep.backward(_ctx(step), kept, flat_tokens(dz), _weights(step, i))  # 2.
+    dtok, g = ep.backward(_ctx(step, dz), kept, flat_tokens(dz), _weights(step, i))  # 2.
     del kept
     dc = _own_rows(step, unflat_tokens(dtok, dz).named("dCn"))
     del dz, dtok
