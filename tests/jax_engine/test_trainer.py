@@ -132,10 +132,33 @@ def test_mixed_precision_jax_trainer_equals_numpy_trainer(name: str, shape: dict
         np.testing.assert_array_equal(a.memory[c], b.memory[c], err_msg=c)
 
 
+@pytest.mark.parametrize(("name", "shape"), [("ddp", {"X": 4}), ("zero1", {"X": 4}), ("fsdp_tp", {"X": 2, "Y": 2})])
+def test_a_reduce_dtype_reduces_the_gradients_in_it_as_on_numpy(name: str, shape: dict[str, int]) -> None:
+    """bf16 compute, float32 masters, gradients reduced over the data axis in float32
+    (FSDP's ``MixedPrecision(reduce_dtype=float32)``): the same trace, dtypes and bytes as the
+    NumPy trainer's, the masters equal to a float32 ulp."""
+    params = shardsim.mlp.init_stack(2, 8, 16, seed=3, dtype="float32")
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((8, 8)).astype("float32"), rng.standard_normal((8, 8)).astype("float32")
+    opts = {"activation": "gelu", "precision": "bf16", "reduce_dtype": "float32"}
+    got = Trainer(name, shardsim.Mesh(shape), params, SGD(lr=0.1), engine="jax", **opts)
+    want = Trainer(name, shardsim.Mesh(shape), params, SGD(lr=0.1), **opts)
+    for _ in range(3):
+        a, b = got.step(x, y), want.step(x, y)
+        assert a.loss == pytest.approx(b.loss, rel=1e-6)
+    events = [(e.op, e.axes, e.phase, e.sent_bytes, str(e.dtype)) for e in a.trace.events]
+    assert events == [(e.op, e.axes, e.phase, e.sent_bytes, str(e.dtype)) for e in b.trace.events]
+    assert {d for op, axes, phase, _, d in events if op != "all_gather" and axes == ("X",) and phase != "forward"} == {
+        "float32"
+    }
+    for k, v in want.params_global().items():
+        np.testing.assert_allclose(got.params_global()[k], v, rtol=0, atol=4 * float(np.spacing(np.float32(1))))
+
+
 def test_refused_before_tracing() -> None:
     p = shardsim.mlp.init(8, 16)
-    for kwargs in ({"precision": "fp16"}, {"precision": "bf16", "reduce_dtype": "float32"}, {"loss_scale": 8.0}):
-        with pytest.raises(EngineError, match="no reduce_dtype, loss scaling or float16 overflow checks yet"):
+    for kwargs in ({"precision": "fp16"}, {"precision": "bf16", "loss_scale": 8.0}, {"loss_scale": 8.0}):
+        with pytest.raises(EngineError, match="no loss scaling or float16 overflow checks yet"):
             Trainer("ddp", shardsim.Mesh(X=2), p, engine="jax", **kwargs)
     own = dataclasses.replace(shardsim.strategies.get("ddp"), name="my_ddp")  # a scheme of one's own
     with pytest.raises(EngineError, match=r"runs \['ddp'.*not 'my_ddp'"):

@@ -8,8 +8,8 @@ updating the optimizer state it holds, and under ZeRO-1/2 the AllGather of the u
 weights. The trace and the ledger are those recorded when the step was first traced (the
 program is the same every step). Supported: ddp, fsdp, tp, fsdp_tp and the ZeRO stages, in
 the params' own dtype or in mixed precision (``precision="bf16"``: bfloat16 compute, float32
-master weights and moments in the state's layout), without loss scaling or a separate
-``reduce_dtype`` yet. The update is the optimizer's own :meth:`~shardsim.training.Adam.apply`,
+master weights and moments in the state's layout), with gradients reduced in a separate
+``reduce_dtype`` if given, without loss scaling yet. The update is the optimizer's own :meth:`~shardsim.training.Adam.apply`,
 the code the NumPy trainer runs, here on the device's blocks.
 
 >>> import numpy as np, shardsim
@@ -56,11 +56,11 @@ class JaxStep:
                 f"Trainer(engine='jax') runs {list(SUPPORTED)}, not {name!r}; use engine='numpy' (docs/engines.md)"
             )
         prec = trainer.precision
-        if prec.reduce != prec.compute or prec.checks_overflow:
+        if prec.checks_overflow:
             raise EngineError(
-                f"Trainer(engine='jax') runs precision fp32, fp64 or bf16 (mixed), with no reduce_dtype, "
-                f"loss scaling or float16 overflow checks yet (got {prec}); drop reduce_dtype=/loss_scale=, "
-                "use precision='bf16', or use engine='numpy'"
+                f"Trainer(engine='jax') runs precision fp32, fp64 or bf16 (mixed), with no loss scaling or "
+                f"float16 overflow checks yet (got {prec}); drop loss_scale=, use precision='bf16', or use "
+                "engine='numpy'"
             )
         if any(v.is_shape_only for block in trainer.params for v in block.values()):
             raise EngineError("Trainer(engine='jax') needs weights with data, not ShapeDtype")
@@ -80,7 +80,7 @@ class JaxStep:
 
         from ..engines.jax.kernels import JAX
         from ..engines.jax.placement import put, sharding
-        from .trainer import state_slice
+        from .trainer import _reductions_in, state_slice
 
         t = self.trainer
         mesh, scheme, ctx, opt = self.mesh, t.scheme, t.ctx, t.optimizer
@@ -101,7 +101,7 @@ class JaxStep:
         def body(
             weights: list, masters: list, moments: list, xb: Any, tb: Any, factors: Any
         ) -> tuple[list, list, list, Any]:
-            with engines.use(JAX):
+            with engines.use(JAX), _reductions_in(prec, t.ctx, scheme):  # reduce_dtype, as on NumPy
                 params = [
                     {k: value(b[k], lay[k], shapes[i][k], t.params[i][k].label, "params") for k in t.names}
                     for i, b in enumerate(weights)
