@@ -9,8 +9,8 @@ weights. The trace and the ledger are those recorded when the step was first tra
 program is the same every step). Supported: ddp, fsdp, tp, fsdp_tp and the ZeRO stages, in
 the params' own dtype or in mixed precision (``precision="bf16"``: bfloat16 compute, float32
 master weights and moments in the state's layout), with gradients reduced in a separate
-``reduce_dtype`` if given, without loss scaling yet. The update is the optimizer's own :meth:`~shardsim.training.Adam.apply`,
-the code the NumPy trainer runs, here on the device's blocks.
+``reduce_dtype`` if given, without loss scaling yet. The update is the optimizer's own
+:meth:`~shardsim.training.Adam.apply`, the code the NumPy trainer runs, here on the device's blocks.
 
 >>> import numpy as np, shardsim
 >>> from shardsim.training import SGD, Trainer
