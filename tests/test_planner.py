@@ -18,11 +18,12 @@ from shardsim.cost import get_hardware
 from shardsim.errors import PlannerError, ShardsimError
 from shardsim.models import get
 from shardsim.planner import Candidate, days_to_train, fewest_chips, plan
-from shardsim.planner.bounds import memory_bound, stage_bound, time_bound
+from shardsim.planner.bounds import memory_bound, stage_bound, state_bytes, time_bound
 from shardsim.planner.evaluate import evaluate
 from shardsim.planner.program import LayerCache
 from shardsim.planner.space import candidates, stage_layers
 from shardsim.plans import Plan
+from shardsim.training import policies
 from test_run_model import check_against_reference
 
 LLAMA = get("llama-tiny").scaled(layers=4)
@@ -62,6 +63,30 @@ def test_bounds_are_lower_bounds(c):
     assert time_bound(LLAMA, c, hw, eff, seq=16) <= est.step_s * (1 + 1e-9)
     per = _CACHE.layer(c.plan, c.micro, c.order).per_layer
     assert stage_bound(LLAMA, c, per.fwd + per.bwd, per.sync) <= est.step_s * (1 + 1e-9)
+
+
+_POLICY_CACHES = {name: LayerCache(LLAMA, "h100", seq=16, policy=name) for name in policies.names()}
+
+
+@given(st.sampled_from(policies.names()), st.sampled_from(_SPACE))
+def test_memory_bound_is_below_the_ledger_under_every_byte_policy(name, c):
+    """The closed form ``(w + g + o)Ψ`` of :func:`state_bytes` only ever bounds the ledger from below."""
+    policy = policies.get(name)
+    if policy.zero is not None:
+        c = Candidate(c.plan.replace(zero=policy.zero), c.micro, c.batch, c.order)
+    est = evaluate(_POLICY_CACHES[name], c)
+    assert memory_bound(LLAMA, c, seq=16, state=state_bytes(name)) <= est.memory["total"]
+
+
+@pytest.mark.parametrize(("policy", "k"), [(None, 12), ("zero-mixed", 12), ("bf16", 4), ("scaling-book", 8)])
+def test_zero1_optimizer_state_is_k_bytes_per_parameter_over_dp(policy, k):
+    """ZeRO §3.1: ``K`` bytes of optimizer state per parameter (float32 master weights and two
+    Adam moments: 12; bf16 moments alone: 4; float32 moments, no master: 8), split ``1/dp``
+    from ZeRO-1 on; read off the training step's ledger at dp 4 and 8 (off the runs at 2 and 4)."""
+    cache = LayerCache(LLAMA, "h100", seq=16, policy=policy)
+    for dp in (1, 4, 8):
+        est = evaluate(cache, Candidate(Plan(dp=dp, zero=1 if dp > 1 else 0), 1, dp))
+        assert est.memory["optimizer"] == k * LLAMA.param_count() // dp
 
 
 def test_layer_programs_are_shared_across_pipeline_depths():
@@ -129,6 +154,8 @@ def test_a_model_that_fits_nowhere_says_by_how_much_and_what_helps():
         ({"allow": ("dp", "magic")}, r"'magic' is not a parallelism"),
         ({"tpp": 2}, r"unknown planner option 'tpp'"),
         ({"tp": 16, "pp": 1, "dp": 1}, r"satisfies the constraints"),
+        ({"policy": "fp8"}, r"policy='fp8': unknown byte policy 'fp8'; the presets are"),
+        ({"policy": "megatron", "zero": 1}, r"policy='megatron' counts ZeRO stage 0 but zero=1 is fixed"),
     ],
 )
 def test_contradictory_constraints(options, match):

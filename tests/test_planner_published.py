@@ -17,6 +17,7 @@ from shardsim.planner import Candidate, plan
 from shardsim.planner.evaluate import evaluate
 from shardsim.planner.program import LayerCache
 from shardsim.plans import Plan
+from shardsim.training import model_memory
 
 # PTD-P (2021) ran plain data parallelism, no ZeRO: its searches allow what it had
 PTDP = {"allow": ("dp", "tp", "sp", "pp", "cp")}
@@ -41,7 +42,9 @@ def test_published_configuration_is_in_the_table_within_5_percent(name, hw, chip
     assert table.best.fits and rows[0].fits
 
 
-@pytest.mark.parametrize("text", ["dp=32", "dp=16,tp=2,sp", "dp=32,zero=3", "dp=32,zero=2,recompute=selective"])
+@pytest.mark.parametrize(
+    "text", ["dp=32", "dp=16,tp=2,sp", "dp=32,zero=1", "dp=32,zero=3", "dp=32,zero=2,recompute=selective"]
+)
 def test_figures_equal_the_whole_model_estimate(text):
     """Where the planner and ``cost.estimate(model, plan)`` model the same step (no pipeline,
     one microbatch), every second and every byte is the same: one program, two readers."""
@@ -51,3 +54,18 @@ def test_figures_equal_the_whole_model_estimate(text):
     assert mine.step_s == pytest.approx(whole.step_s, rel=1e-9)
     for category in ("params", "grads", "optimizer", "activations", "total"):
         assert mine.memory[category] == whole.memory[category], category
+
+
+@pytest.mark.parametrize(
+    ("text", "policy"), [("dp=32", "megatron"), ("dp=32,zero=1", "megatron-distributed"), ("dp=16,tp=2,sp", "bf16")]
+)
+def test_a_byte_policy_changes_the_memory_as_it_changes_model_memory(text, policy):
+    """The planner's memory is the training step's ledger under the byte policy, as
+    ``model_memory``'s (the whole model's step) is."""
+    cfg, p = get("ptdp-1.7b"), Plan.parse(text)
+    whole, _ = model_memory(cfg, p, batch=64, seq=2048, policy=policy)
+    mine = evaluate(LayerCache(cfg, "a100", seq=2048, policy=policy), Candidate(p, 64 // p.dp, 64))
+    default = evaluate(LayerCache(cfg, "a100", seq=2048), Candidate(p, 64 // p.dp, 64))
+    assert mine.memory != default.memory  # float32 gradients, or bf16 moments
+    for category in ("params", "grads", "optimizer", "activations", "total"):
+        assert mine.memory[category] == whole[category], category

@@ -10,11 +10,11 @@ The step is assembled from the layer program's measured pieces (:class:`~.progra
   on the last virtual stage, one traced stage-to-stage send each), then the busiest stage's
   gradient reduction after the flush, exposed as in Megatron.
 
-Memory per chip by category is the ledger's: each category's peak at one and two layers,
-extended to the busiest stage's layers, plus the activations the schedule stashes for the
-microbatches in flight; ``optimizer`` is the mixed-precision Adam state (fp32 master
-weights and moments, 12 bytes per stored parameter, sharded over the data axis from ZeRO-1
-on), the ZeRO paper's ``K = 12``.
+Memory per chip by category is the training step's ledger: each category's peak at one and
+two layers, extended to the busiest stage's layers, plus the activations the schedule
+stashes for the microbatches in flight; ``optimizer`` is the state the update keeps (under
+the default byte policy float32 master weights and Adam moments, split over the data axis
+from ZeRO-1 on: the ZeRO paper's ``K = 12``).
 
 >>> from shardsim.models import get
 >>> from shardsim.plans import Plan
@@ -35,7 +35,7 @@ from typing import Any
 from ..cost.timeline import Timeline
 from ..pipeline.schedule import Item, Schedule, _needs
 from ..plans import Plan
-from .bounds import OPTIMIZER_BYTES, busiest_stage_layers, in_flight, schedule_of
+from .bounds import busiest_stage_layers, in_flight, schedule_of
 from .program import Layer, LayerCache
 from .space import Candidate, stage_layers
 
@@ -122,17 +122,6 @@ class PlanEstimate:
         }
 
 
-def optimizer_bytes(plan: Plan, stored_params: int) -> int:
-    """Mixed-precision Adam's state for the parameters a chip stores: ``K = 12`` bytes per
-    16-bit parameter, over the data axis from ZeRO-1 on (ZeRO-3's stored weights already are).
-
-    >>> optimizer_bytes(Plan(dp=4), 2_000), optimizer_bytes(Plan(dp=4, zero=1), 2_000)
-    (12000, 3000)
-    """
-    elems = stored_params // 2
-    return int(OPTIMIZER_BYTES * elems // (plan.dp if plan.zero in (1, 2) else 1))
-
-
 def evaluate(cache: LayerCache, c: Candidate, *, headroom: float = 0.0) -> PlanEstimate:
     """The candidate's :class:`PlanEstimate` (module doc)."""
     model, plan = cache.model, c.plan
@@ -167,10 +156,9 @@ def _memory(lay: Layer, c: Candidate, n: int) -> dict[str, int]:
     chunks = in_flight(c)
     per_chunk = n // c.plan.virtual_stages
     extra = max(0, chunks * per_chunk - n) * lay.stored  # microbatches the schedule stashes beyond the first
-    mem = {k: lay.bytes_at(k, n) for k in ("params", "grads", "activations")}
+    mem = {k: lay.bytes_at(k, n) for k in ("params", "grads", "optimizer", "activations")}
     mem["activations"] += extra
-    mem["optimizer"] = optimizer_bytes(c.plan, lay.bytes_at("stored params", n))
-    mem["total"] = lay.bytes_at("total", n) + extra + mem["optimizer"]
+    mem["total"] = lay.bytes_at("total", n) + extra
     return mem
 
 
@@ -187,8 +175,7 @@ def model_state(cache: LayerCache, c: Candidate) -> dict[str, int]:
     """
     lay = cache.layer(c.plan, c.micro, c.order)
     n = busiest_stage_layers(cache.model, c)
-    stored = lay.bytes_at("stored params", n)
-    state = {"params": stored, "grads": lay.bytes_at("reduced grads", n), "optimizer": optimizer_bytes(c.plan, stored)}
+    state = {k: lay.state_at(k, n) for k in ("params", "grads", "optimizer")}
     state["total"] = sum(state.values())
     return state
 

@@ -27,11 +27,13 @@ from ..cost.efficiency import Efficiency
 from ..cost.hardware import Hardware, Switched, Torus
 from ..cost.placement import AxisLink, place
 from ..cost.presets import get_hardware
-from ..errors import CostModelError, PlannerError, ShardsimError
+from ..errors import CostModelError, PlanError, PlannerError, ShardsimError
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..models.presets import get as get_model
-from .bounds import memory_bound, stage_bound, time_bound
+from ..training import policies
+from ..training.policies import BytePolicy
+from .bounds import memory_bound, stage_bound, state_bytes, time_bound
 from .evaluate import PlanEstimate, evaluate
 from .program import LayerCache
 from .progress import Progress
@@ -51,6 +53,7 @@ def plan(
     topology: str | Sequence[int] | None = None,
     window: float = 0.15,
     progress: bool | None = None,
+    policy: str | BytePolicy | None = None,
     **constraints: Any,
 ) -> PlanTable:
     """The plans of ``model`` on ``chips`` chips of ``hardware`` that fit, fastest first.
@@ -60,15 +63,20 @@ def plan(
     ``recompute="full"``, ``schedule="interleaved"``...) or limit the space (``allow``,
     ``headroom``, ``batch_range``, ``micro_range``, ``tp_max``; :class:`~.space.Constraints`).
     ``window``: the table keeps every plan within this fraction of the best's time per token.
-    ``progress``: a counter on stderr (default: when stderr is a terminal).
+    ``progress``: a counter on stderr (default: when stderr is a terminal). ``policy``: the
+    training step's byte policy (:mod:`shardsim.training.policies`; default bf16 weights with
+    float32 master weights and Adam moments), whose ledger gives every plan's memory; a policy
+    that names a ZeRO stage (``megatron``: 0, ``megatron-distributed``: 1) holds the search to it.
     """
     t0 = time.perf_counter()
     cfg = get_model(model) if isinstance(model, str) else model
     hw = get_hardware(hardware)
     seq = cfg.seq if seq is None else seq
+    chosen = _policy(policy, constraints)
     cons = Constraints.of(**constraints)
     _check_inputs(cfg, hw, chips, batch_tokens, seq, cons, links, topology)
-    cache = LayerCache(cfg, hw, seq=seq, efficiency=efficiency, links=links, topology=topology)
+    cache = LayerCache(cfg, hw, seq=seq, efficiency=efficiency, links=links, topology=topology, policy=chosen)
+    state = state_bytes(chosen)
     domain = _fast_domain(hw, chips)
     space = list(candidates(cfg, chips=chips, batch_tokens=batch_tokens, seq=seq, domain=domain, constraints=cons))
     if not space:
@@ -81,7 +89,7 @@ def plan(
     ranked: list[tuple[float, Candidate]] = []
     _, eff = cache.placement(space[0].plan)
     for c in space:
-        need = memory_bound(cfg, c, seq=seq)
+        need = memory_bound(cfg, c, seq=seq, state=state)
         if need > usable:
             rejected.append(Rejection(c, "memory", need - usable, None))
             continue
@@ -135,6 +143,22 @@ def plan(
     if not kept:
         raise PlannerError(table.no_plan_reason())
     return table
+
+
+def _policy(policy: str | BytePolicy | None, constraints: dict[str, Any]) -> BytePolicy | None:
+    """The byte policy, checked; one that names a ZeRO stage fixes ``zero`` in ``constraints``."""
+    if policy is None:
+        return None
+    try:
+        chosen = policies.get(policy)
+    except PlanError as err:
+        raise PlannerError(f"policy={policy!r}: {err}") from None
+    if chosen.zero is not None and constraints.setdefault("zero", chosen.zero) != chosen.zero:
+        raise PlannerError(
+            f"policy={chosen.name!r} counts ZeRO stage {chosen.zero} but zero={constraints['zero']} is fixed; "
+            "drop one of the two"
+        )
+    return chosen
 
 
 def _fast_domain(hw: Hardware, chips: int) -> int:
