@@ -15,8 +15,9 @@ under GPipe, 1F1B and the interleaved schedule alike. Embeddings, norms and ever
 activation only add to it.
 
 Time: the matmul FLOPs of the busiest stage's layers (``6Ψ`` per token, ``8Ψ`` under full
-recomputation; attention only adds) at the chip's best matmul rate, stretched by the
-pipeline's bubble ``(m + (p - 1)/v) / m``.
+recomputation; attention only adds) at the chip's best matmul rate (slowed by the
+efficiency's untimed kernels, as every matmul is), stretched by the pipeline's bubble
+``(m + (p - 1)/v) / m``.
 
 >>> from shardsim.models import get
 >>> from shardsim.plans import Plan
@@ -157,23 +158,27 @@ def time_bound(model: TransformerConfig, c: Candidate, hw: Hardware, eff: Effici
     flops = per_token * tokens * busiest_stage_layers(model, c) * p.microbatches
     m = eff.matmul
     rate = hw.flops("bfloat16") * (1.0 if m is None else max(m.peak_fraction, m.by_dtype.get("bfloat16", 0.0)))
+    rate /= eff.compute_factor  # the untimed kernels between matmuls stretch every matmul alike
     bubble = (p.microbatches + (p.pp - 1) / p.virtual_stages) / p.microbatches
     return flops / rate * bubble
 
 
-def stage_bound(model: TransformerConfig, c: Candidate, per_layer_s: float, sync_s: float) -> float:
-    """A lower bound of a step once its layer is traced: the schedule can do no better than
-    ``(m + (p - 1)/v)`` microbatches of its lightest stage's layers (``per_layer_s`` each,
-    forward and backward), then, with a pipeline, that stage's gradient reduction after the
-    flush (``sync_s`` a layer; without one it overlaps the last backward and is not counted).
+def stage_bound(model: TransformerConfig, c: Candidate, per_layer_s: float) -> float:
+    """A lower bound of a step once its layer is traced: the busiest stage runs ``m``
+    microbatches of its layers (``per_layer_s`` each, forward and backward), and the schedule
+    can do no better than ``(m + (p - 1)/v)`` microbatches of its lightest stage's (one layer
+    fewer when the stages are unequal). The gradient reduction is not counted: it may hide
+    under the last backward (:func:`~shardsim.planner.evaluate.clock`).
 
     >>> from shardsim.models import get
     >>> from shardsim.plans import Plan
-    >>> stage_bound(get("gpt-tiny"), Candidate(Plan(pp=1, microbatches=4), 1, 4), 1.0, 0.5)
+    >>> stage_bound(get("gpt-tiny"), Candidate(Plan(pp=1, microbatches=4), 1, 4), 1.0)
     8.0
     """
     p = c.plan
     if p.pp == 1:
         return p.microbatches * model.layers * per_layer_s
-    n = busiest_stage_layers(model, c) - 2
-    return (p.microbatches + (p.pp - 1) / p.virtual_stages) * n * per_layer_s + n * sync_s
+    n = busiest_stage_layers(model, c)
+    lightest = n - (1 if n * p.pp > model.layers else 0)
+    work = p.microbatches * n * per_layer_s
+    return max(work, (p.microbatches + (p.pp - 1) / p.virtual_stages) * lightest * per_layer_s)

@@ -245,7 +245,7 @@ class LayerCache:
         for layers in (1, 2):
             cfg = self.model.scaled(layers=layers, seq=max(self.seq, self.model.seq), name="")
             params = {k: ShapeDtype(s, dtype) for k, s in cfg.param_shapes().items()}
-            tok = ShapeDtype((lp.dp * micro, self.seq), "int32")
+            tok = ShapeDtype((lp.dp * lp.ep * micro, self.seq), "int32")
             trainer = ModelTrainer(cfg, lp, lp.mesh(), params, self.optimizer, precision=self.precision)
             res = trainer.step(tok, tok)
             events = [e for e in res.trace.events if e.phase != "optimizer"]
@@ -280,12 +280,13 @@ class LayerCache:
         if plan.pp == 1:
             return 0.0
         pl, eff = self.placement(plan, order)
-        key = (plan.dp, plan.tp, plan.sp, plan.cp, plan.pp, micro, tuple(pl.axis_sizes))
+        key = (plan.dp, plan.tp, plan.sp, plan.cp, plan.ep, plan.pp, micro, tuple(pl.axis_sizes))
         if key not in self._p2p:
+            from ..transformer.roles import Roles
+
             mesh = Mesh(dict(pl.axis_sizes))
-            b = "B_data" if plan.dp > 1 else "B"
-            s = "S_model" if plan.sp else "S"
-            x = shard(ShapeDtype((plan.dp * micro, self.seq, self.model.d_model), "bfloat16"), mesh, f"{b} {s} D")
+            shape = (plan.dp * plan.ep * micro, self.seq, self.model.d_model)
+            x = shard(ShapeDtype(shape, self.precision.compute), mesh, Roles.of(plan, self.model.n_kv).act())
             with trace() as t:
                 ppermute(x, "pipe", 1, label="x")
             self._p2p[key] = build_timeline(trace_steps(t), self.hw, pl, efficiency=eff).step_s

@@ -37,7 +37,7 @@ from .bounds import memory_bound, stage_bound, state_bytes, time_bound
 from .evaluate import PlanEstimate, evaluate
 from .program import LayerCache
 from .progress import Progress
-from .space import Candidate, Constraints, candidates
+from .space import PARALLELISMS, Candidate, Constraints, candidates
 from .table import PlanTable, Rejection
 
 
@@ -113,7 +113,7 @@ def plan(
             if c.plan.pp > 1:  # the traced layer bounds the schedule before its clock runs
                 lay = cache.layer(c.plan, c.micro, c.order)
                 per = lay.per_layer
-                lb = stage_bound(cfg, c, per.fwd + per.bwd, per.sync) / c.tokens(seq)
+                lb = stage_bound(cfg, c, per.fwd + per.bwd) / c.tokens(seq)
                 if lb >= best * (1 + window):
                     rejected.append(Rejection(c, "bound", lb / best - 1, lb * c.tokens(seq)))
                     continue
@@ -205,7 +205,7 @@ def _check_inputs(
 
 def _constraint_text(cons: Constraints, batch_tokens: int, seq: int) -> str:
     parts = [f"{k}={v}" for k, v in cons.fixed.items()]
-    if tuple(cons.allow) != ("dp", "zero", "tp", "sp", "pp", "cp"):
+    if tuple(cons.allow) != PARALLELISMS:
         parts.append(f"allow={list(cons.allow)}")
     parts.append(f"batch {batch_tokens // seq} sequences of {seq}")
     parts.append(f"microbatch {cons.micro_range[0]}..{cons.micro_range[1]}")
