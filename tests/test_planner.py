@@ -47,9 +47,14 @@ SEARCHES = [
 ]
 
 
+# one cache of traced layer programs per toy model, shared by the searches and checks below
+CACHES = {m.name: LayerCache(m, "h100", seq=16) for m in (LLAMA, GPT, MOE)}
+
+
 @pytest.mark.parametrize(("model", "chips", "cons"), SEARCHES)
 def test_top_plans_replay_exactly(model, chips, cons):
-    table = plan(model, "h100", chips, batch_tokens=8 * model.seq, seq=model.seq, **cons)
+    cache = CACHES[model.name]
+    table = plan(model, "h100", chips, batch_tokens=8 * model.seq, seq=model.seq, cache=cache, **cons)
     assert table.rows, table.no_plan_reason()
     for row in table.rows[:3]:
         for key, value in cons.items():
@@ -57,7 +62,7 @@ def test_top_plans_replay_exactly(model, chips, cons):
         check_against_reference(model, row.plan, "float64", row.candidate.batch, None)
 
 
-_CACHE = LayerCache(LLAMA, "h100", seq=16)
+_CACHE = CACHES[LLAMA.name]
 _SPACE = list(candidates(LLAMA, chips=8, batch_tokens=16 * 16, seq=16, domain=8))
 
 
@@ -96,6 +101,18 @@ def test_zero1_optimizer_state_is_k_bytes_per_parameter_over_dp(policy, k):
         assert est.memory["optimizer"] == k * LLAMA.param_count() // dp
 
 
+def test_a_shared_cache_is_reused_and_must_match_the_search():
+    cache = LayerCache(LLAMA, "h100", seq=16)
+    first = plan(LLAMA, "h100", 4, batch_tokens=8 * 16, seq=16, zero=0, recompute="none", cache=cache)
+    again = plan(LLAMA, "h100", 4, batch_tokens=8 * 16, seq=16, zero=0, recompute="none", cache=cache)
+    assert first.traced > 0 and again.traced == 0  # every layer program came from the cache
+    assert [r.step_s for r in again.rows] == [r.step_s for r in first.rows]
+    with pytest.raises(PlannerError, match=r"cache= holds the layer programs of another search \(seq 16, not 32\)"):
+        plan(LLAMA, "h100", 4, batch_tokens=8 * 32, seq=32, cache=cache)
+    with pytest.raises(PlannerError, match=r"\(policy None, not BytePolicy"):
+        plan(LLAMA, "h100", 4, batch_tokens=8 * 16, seq=16, cache=cache, policy="bf16")
+
+
 def test_layer_programs_are_shared_across_pipeline_depths():
     cache = LayerCache(LLAMA, "h100", seq=16)
     for pp in (1, 2, 4):
@@ -121,7 +138,7 @@ def test_stage_layers_balance_as_llama3():
 
 
 def test_table_text_html_json_and_why():
-    table = plan(LLAMA, "h100", 8, batch_tokens=16 * 16, seq=16, recompute="none")
+    table = plan(LLAMA, "h100", 8, batch_tokens=16 * 16, seq=16, recompute="none", cache=_CACHE)
     text = str(table)
     assert text.splitlines()[0].startswith("llama-tiny(layers=4) on 8 h100")
     assert "why: " in text and str(table.best.plan) in text
@@ -134,15 +151,16 @@ def test_table_text_html_json_and_why():
 
 
 def test_days_to_train_and_fewest_chips():
-    table = plan(LLAMA, "h100", 4, batch_tokens=8 * 16, seq=16, recompute="none", zero=0)
+    table = plan(LLAMA, "h100", 4, batch_tokens=8 * 16, seq=16, recompute="none", zero=0, cache=_CACHE)
     assert days_to_train(table, 86400 * table.best.tokens_per_s * 3) == pytest.approx(3.0)
     target = table.best.tokens_per_s * 0.999
     n, found = fewest_chips(
-        LLAMA, "h100", batch_tokens=8 * 16, seq=16, tokens_per_s=target, chips=[1, 2, 4, 8], recompute="none", zero=0
+        LLAMA, "h100", batch_tokens=8 * 16, seq=16, tokens_per_s=target, chips=[1, 2, 4, 8], recompute="none", zero=0,
+        cache=_CACHE,
     )
     assert n <= 4 and found.best.tokens_per_s >= target
     if n > 1:  # the count before it does not reach the target
-        below = plan(LLAMA, "h100", n // 2, batch_tokens=8 * 16, seq=16, recompute="none", zero=0)
+        below = plan(LLAMA, "h100", n // 2, batch_tokens=8 * 16, seq=16, recompute="none", zero=0, cache=_CACHE)
         assert below.best.tokens_per_s < target
 
 
@@ -217,7 +235,8 @@ def test_progress_counter_writes_one_line_only_when_enabled():
 
 def test_batch_range_and_headroom_constraints():
     hbm = get_hardware("h100").hbm_capacity
-    table = plan(LLAMA, "h100", 4, batch_tokens=6 * 16, seq=16, batch_range=(4 * 16, 8 * 16), headroom=0.5, zero=0)
+    table = plan(LLAMA, "h100", 4, batch_tokens=6 * 16, seq=16, batch_range=(4 * 16, 8 * 16), headroom=0.5, zero=0,
+                 cache=_CACHE)  # fmt: skip
     for row in table.rows:
         assert 4 <= row.candidate.batch <= 8 and row.candidate.batch % row.plan.dp == 0
         assert row.memory["total"] <= 0.5 * hbm and row.tokens == row.candidate.batch * 16

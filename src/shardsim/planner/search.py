@@ -54,6 +54,7 @@ def plan(
     window: float = 0.15,
     progress: bool | None = None,
     policy: str | BytePolicy | None = None,
+    cache: LayerCache | None = None,
     **constraints: Any,
 ) -> PlanTable:
     """The plans of ``model`` on ``chips`` chips of ``hardware`` that fit, fastest first.
@@ -67,6 +68,9 @@ def plan(
     training step's byte policy (:mod:`shardsim.training.policies`; default bf16 weights with
     float32 master weights and Adam moments), whose ledger gives every plan's memory; a policy
     that names a ZeRO stage (``megatron``: 0, ``megatron-distributed``: 1) holds the search to it.
+    ``cache``: a :class:`~.program.LayerCache` whose traced layer programs this search reuses
+    and adds to (searches of one model on one hardware at one sequence and byte policy, e.g.
+    at several chip counts, share their traces); by default a fresh one.
     """
     t0 = time.perf_counter()
     cfg = get_model(model) if isinstance(model, str) else model
@@ -75,7 +79,11 @@ def plan(
     chosen = _policy(policy, constraints)
     cons = Constraints.of(**constraints)
     _check_inputs(cfg, hw, chips, batch_tokens, seq, cons, links, topology)
-    cache = LayerCache(cfg, hw, seq=seq, efficiency=efficiency, links=links, topology=topology, policy=chosen)
+    if cache is None:
+        cache = LayerCache(cfg, hw, seq=seq, efficiency=efficiency, links=links, topology=topology, policy=chosen)
+    else:
+        _check_cache(cache, cfg, hw, seq, efficiency, links, topology, chosen)
+    traced = cache.traced
     state = state_bytes(chosen)
     domain = _fast_domain(hw, chips)
     space = list(candidates(cfg, chips=chips, batch_tokens=batch_tokens, seq=seq, domain=domain, constraints=cons))
@@ -127,8 +135,8 @@ def plan(
         else:
             kept.append(est)
             best = min(best, est.step_s / est.tokens)
-        bar.update(considered=done + i, traced=cache.traced, kept=len(kept))
-    bar.update(considered=len(space), traced=cache.traced, kept=len(kept), force=True)
+        bar.update(considered=done + i, traced=cache.traced - traced, kept=len(kept))
+    bar.update(considered=len(space), traced=cache.traced - traced, kept=len(kept), force=True)
     bar.close()
     kept.sort(key=lambda e: (e.step_s / e.tokens, e.memory["total"]))
     unique: dict[tuple[str, int], PlanEstimate] = {}
@@ -138,7 +146,7 @@ def plan(
         else:
             rejected.append(Rejection(e.candidate, "slower", e.step_s / e.tokens / best - 1, e.step_s, e.bound))
     kept = list(unique.values())
-    table = PlanTable(cfg, hw, chips, batch_tokens, seq, kept, rejected, len(space), cache.traced,
+    table = PlanTable(cfg, hw, chips, batch_tokens, seq, kept, rejected, len(space), cache.traced - traced,
                       time.perf_counter() - t0, cons, window)  # fmt: skip
     if not kept:
         raise PlannerError(table.no_plan_reason())
@@ -159,6 +167,29 @@ def _policy(policy: str | BytePolicy | None, constraints: dict[str, Any]) -> Byt
             "drop one of the two"
         )
     return chosen
+
+
+def _check_cache(
+    cache: LayerCache,
+    cfg: TransformerConfig,
+    hw: Hardware,
+    seq: int,
+    efficiency: str | Efficiency,
+    links: Mapping[str, str | AxisLink] | None,
+    topology: str | Sequence[int] | None,
+    policy: BytePolicy | None,
+) -> None:
+    """A shared cache must hold this search's programs: the same model, hardware, sequence,
+    efficiency, links, topology and byte policy."""
+    mine = (cfg, hw.name, seq, efficiency, links, topology, policy)
+    theirs = (cache.model, cache.hw.name, cache.seq, cache.efficiency, cache.links, cache.topology, cache.policy)
+    names = ("model", "hardware", "seq", "efficiency", "links", "topology", "policy")
+    for name, a, b in zip(names, mine, theirs):
+        if a != b:
+            raise PlannerError(
+                f"cache= holds the layer programs of another search ({name} {b!r:.60}, not {a!r:.60}); "
+                "pass a LayerCache built for this one, or none"
+            )
 
 
 def _fast_domain(hw: Hardware, chips: int) -> int:
