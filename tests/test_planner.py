@@ -138,9 +138,9 @@ def test_stage_layers_balance_as_llama3():
 
 
 def test_table_text_html_json_and_why():
-    table = plan(LLAMA, "h100", 8, batch_tokens=16 * 16, seq=16, recompute="none", cache=_CACHE)
+    table = plan(LLAMA, "h100", 4, batch_tokens=8 * 16, seq=16, recompute="none", zero=0, cache=_CACHE)
     text = str(table)
-    assert text.splitlines()[0].startswith("llama-tiny(layers=4) on 8 h100")
+    assert text.splitlines()[0].startswith("llama-tiny(layers=4) on 4 h100")
     assert "why: " in text and str(table.best.plan) in text
     html = table._repr_html_()
     assert "<table>" in html and "<pre>" in html
@@ -203,11 +203,12 @@ def test_planner_error_is_a_shardsim_error():
 
 # -- the command line ---------------------------------------------------------------------------
 def test_cli_plan_table_json_and_one_line_errors(capsys):
-    argv = ["plan", "--model", "gpt-tiny", "--chips", "2", "--batch-tokens", "64", "--seq", "16"]
+    argv = ["plan", "--model", "gpt-tiny", "--chips", "2", "--batch-tokens", "64", "--seq", "16", "--top", "3"]
+    argv += ["--fix", "recompute=none"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert out.startswith("gpt-tiny on 2 h100") and "why: " in out
-    assert main([*argv, "--json", "--fix", "tp=2"]) == 0
+    assert main([*argv, "--json", "--fix", "tp=2,recompute=none"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert all(r["plan"].find("tp=2") >= 0 for r in doc["rows"])
     assert main(["plan", "--model", "llama3-405b", "--chips", "8", "--batch-tokens", "64K", "--seq", "8192"]) == 2
@@ -215,6 +216,9 @@ def test_cli_plan_table_json_and_one_line_errors(capsys):
     assert err.count("\n") == 1 and "fits under no plan" in err
     assert main([*argv, "--fix", "tp=two"]) == 2
     assert "expected a whole number" in capsys.readouterr().err
+    assert main([*argv, "--policy", "fp8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "policy='fp8': unknown byte policy" in err
 
 
 def test_progress_counter_writes_one_line_only_when_enabled():
