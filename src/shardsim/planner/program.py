@@ -266,8 +266,10 @@ class LayerCache:
     def _times(self, events: Sequence[Event], pl: Placement, eff: Efficiency) -> tuple[Times, Timeline]:
         """Two time lines: the microbatch's work alone, and with the gradient reductions (the
         last microbatch's backward, overlapping them); the forward ends where its last bar does."""
-        work = build_timeline(program_steps([e for e in events if not is_sync(e)]), self.hw, pl, efficiency=eff)
-        whole = build_timeline(program_steps(events), self.hw, pl, efficiency=eff)
+        alone = [e for e in events if not is_sync(e)]
+        work = build_timeline(program_steps(alone), self.hw, pl, efficiency=eff)
+        synced = len(alone) < len(events)  # no gradient reduction (one data rank): one time line serves
+        whole = build_timeline(program_steps(events), self.hw, pl, efficiency=eff) if synced else work
         fwd = max((b.end for b in work.bars if b.phase == "forward"), default=0.0)
         fwd_whole = max((b.end for b in whole.bars if b.phase == "forward"), default=0.0)
         sync = sum(b.seconds for b in whole.bars if is_sync(events[b.index]))
