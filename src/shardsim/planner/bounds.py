@@ -15,8 +15,8 @@ under GPipe, 1F1B and the interleaved schedule alike. Embeddings, norms and ever
 activation only add to it.
 
 Time: the matmul FLOPs of the busiest stage's layers (``6Ψ`` per token, ``8Ψ`` under full
-recomputation; attention only adds) at the chip's best matmul rate (slowed by the
-efficiency's untimed kernels, as every matmul is), stretched by the pipeline's bubble
+recomputation; attention only adds) at the chip's best matmul rate (the untimed kernels after
+each matmul only add to it), stretched by the pipeline's bubble
 ``(m + (p - 1)/v) / m``.
 
 >>> from shardsim.models import get
@@ -158,7 +158,6 @@ def time_bound(model: TransformerConfig, c: Candidate, hw: Hardware, eff: Effici
     flops = per_token * tokens * busiest_stage_layers(model, c) * p.microbatches
     m = eff.matmul
     rate = hw.flops("bfloat16") * (1.0 if m is None else max(m.peak_fraction, m.by_dtype.get("bfloat16", 0.0)))
-    rate /= eff.compute_factor  # the untimed kernels between matmuls stretch every matmul alike
     bubble = (p.microbatches + (p.pp - 1) / p.virtual_stages) / p.microbatches
     return flops / rate * bubble
 
