@@ -4,7 +4,7 @@ Run by hand (not by pytest):
 
     python benchmarks/calibration.py            # rewrite the generated blocks of docs/calibration.md
     python benchmarks/calibration.py --check    # exit 1 if the page is not what the code computes
-    python benchmarks/calibration.py --fit      # refit each chip's non_matmul on its "fit" rows
+    python benchmarks/calibration.py --fit      # refit each chip's elementwise_passes on its "fit" rows
     python benchmarks/calibration.py --all      # print the runs table with every row (tens of minutes)
 
 Every number comes from ``shardsim.cost.calibration`` (``table``, ``constants_table``), the
@@ -32,7 +32,9 @@ PAGE = Path(__file__).resolve().parents[1] / "docs" / "calibration.md"
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
-    parser.add_argument("--fit", action="store_true", help="refit non_matmul per chip and print it beside the preset")
+    parser.add_argument(
+        "--fit", action="store_true", help="refit elementwise_passes per chip and print it beside the preset"
+    )
     parser.add_argument("--only", nargs="*", help="blocks to regenerate (default: all)")
     parser.add_argument("--all", action="store_true", help="print the runs table without the page's size budget")
     args = parser.parse_args()
@@ -44,9 +46,9 @@ def main() -> int:
     if args.fit:
         for chip in sorted({r.hardware for r in calibration.RUNS if r.role == "fit"}):
             rows = [r for r in calibration.RUNS if r.hardware == chip and r.role == "fit"]
-            value = calibration.fit_non_matmul(rows)
+            value = calibration.fit_elementwise_passes(rows)
             preset = calibration.get_hardware(chip).calibration
-            print(f"{chip}: fit {value:.3f} over {len(rows)} rows; preset {preset.non_matmul if preset else 0}")
+            print(f"{chip}: fit {value:.3f} over {len(rows)} rows; preset {preset.elementwise_passes if preset else 0}")
         return 0
     text = PAGE.read_text()
     start = time.perf_counter()

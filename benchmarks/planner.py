@@ -11,6 +11,7 @@ Run by hand: ``python benchmarks/planner.py [--repeats N]``.
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import os
 import statistics
@@ -23,12 +24,13 @@ if __name__ == "__main__":
 
 from _timing import cpu
 
-from shardsim.planner import bounds, plan
+from shardsim.planner import bounds, evaluate, plan
 
 
 def search() -> object:
     bounds._SCHEDULES.clear()  # every run from empty caches
     bounds._IN_FLIGHT.clear()
+    evaluate._COMPILED.clear()
     return plan("llama3-405b", "h100", 16384, 16 * 2**20, 8192, progress=False)
 
 
@@ -45,6 +47,9 @@ def main() -> None:
     published = table.find(tp=8, pp=16, cp=1, dp=128)
     print(f"machine: {cpu()}, load average {os.getloadavg()[0]:.1f}; {datetime.date.today()}")
     print(f"candidates considered {table.considered}, layer programs traced {table.traced}, plans kept {table.kept}")
+    kinds = collections.Counter(r.kind for r in table.rejected)
+    print("rejected (memory, bound: by a lower bound, untraced; oom, slower: measured): " + ", ".join(
+        f"{n} {k}" for k, n in sorted(kinds.items())))
     print(f"best: {table.best.plan} (mb={table.best.candidate.micro}), {table.best.step_s:.3f} s per step")
     if published:
         print(f"published TP 8, PP 16, CP 1, DP 128: {published[0].plan}, {table.slowdown(published[0]):.1%} slower")

@@ -18,17 +18,21 @@ from shardsim.cost import get_hardware
 from shardsim.errors import PlannerError, ShardsimError
 from shardsim.models import get
 from shardsim.planner import Candidate, days_to_train, fewest_chips, plan
-from shardsim.planner.bounds import memory_bound, stage_bound, time_bound
+from shardsim.planner.bounds import memory_bound, stage_bound, state_bytes, time_bound
 from shardsim.planner.evaluate import evaluate
 from shardsim.planner.program import LayerCache
-from shardsim.planner.space import candidates, stage_layers
+from shardsim.planner.space import FIXABLE, candidates, stage_layers
 from shardsim.plans import Plan
+from shardsim.training import policies
 from test_run_model import check_against_reference
 
 LLAMA = get("llama-tiny").scaled(layers=4)
 GPT = get("gpt-tiny")
+MOE = get("moe-tiny")
 
-# (model, chips, constraints): free searches and searches held to pipelines, ZeRO-3, TP, CP
+# (model, chips, constraints): free searches and searches held to each dimension of the space:
+# pipelines, the interleaved schedule, ZeRO-3, TP with selective recomputation, CP with TP, CP
+# inside a pipeline, TP without SP, EP on a mixture of experts, microbatches of 8 sequences
 SEARCHES = [
     (LLAMA, 2, {}),
     (LLAMA, 8, {"pp": 2}),
@@ -36,20 +40,30 @@ SEARCHES = [
     (GPT, 4, {"zero": 3}),
     (LLAMA, 4, {"tp": 2, "recompute": "selective"}),
     (LLAMA, 4, {"cp": 2, "tp": 2}),
+    (LLAMA, 8, {"cp": 2, "pp": 2, "tp": 2}),
+    (LLAMA, 4, {"tp": 2, "sp": False}),
+    (MOE, 4, {"ep": 2}),
+    (LLAMA, 1, {"micro_range": (8, 8)}),
 ]
+
+
+# one cache of traced layer programs per toy model, shared by the searches and checks below
+CACHES = {m.name: LayerCache(m, "h100", seq=16) for m in (LLAMA, GPT, MOE)}
 
 
 @pytest.mark.parametrize(("model", "chips", "cons"), SEARCHES)
 def test_top_plans_replay_exactly(model, chips, cons):
-    table = plan(model, "h100", chips, batch_tokens=8 * model.seq, seq=model.seq, **cons)
+    cache = CACHES[model.name]
+    small = {} if not cons or "micro_range" in cons else {"micro_range": (1, 2)}  # toy spaces: the microbatch apart
+    table = plan(model, "h100", chips, batch_tokens=8 * model.seq, seq=model.seq, cache=cache, **cons, **small)
     assert table.rows, table.no_plan_reason()
     for row in table.rows[:3]:
         for key, value in cons.items():
-            assert getattr(row.plan, key) == value
+            assert getattr(row.plan, key) == value if key in FIXABLE else row.candidate.micro == value[0]
         check_against_reference(model, row.plan, "float64", row.candidate.batch, None)
 
 
-_CACHE = LayerCache(LLAMA, "h100", seq=16)
+_CACHE = CACHES[LLAMA.name]
 _SPACE = list(candidates(LLAMA, chips=8, batch_tokens=16 * 16, seq=16, domain=8))
 
 
@@ -61,7 +75,43 @@ def test_bounds_are_lower_bounds(c):
     assert memory_bound(LLAMA, c, seq=16) <= est.memory["total"]
     assert time_bound(LLAMA, c, hw, eff, seq=16) <= est.step_s * (1 + 1e-9)
     per = _CACHE.layer(c.plan, c.micro, c.order).per_layer
-    assert stage_bound(LLAMA, c, per.fwd + per.bwd, per.sync) <= est.step_s * (1 + 1e-9)
+    assert stage_bound(LLAMA, c, per.fwd + per.bwd) <= est.step_s * (1 + 1e-9)
+
+
+_POLICY_CACHES = {name: LayerCache(LLAMA, "h100", seq=16, policy=name) for name in policies.names()}
+
+
+@given(st.sampled_from(policies.names()), st.sampled_from(_SPACE))
+def test_memory_bound_is_below_the_ledger_under_every_byte_policy(name, c):
+    """The closed form ``(w + g + o)Ψ`` of :func:`state_bytes` only ever bounds the ledger from below."""
+    policy = policies.get(name)
+    if policy.zero is not None:
+        c = Candidate(c.plan.replace(zero=policy.zero), c.micro, c.batch, c.order)
+    est = evaluate(_POLICY_CACHES[name], c)
+    assert memory_bound(LLAMA, c, seq=16, state=state_bytes(name)) <= est.memory["total"]
+
+
+@pytest.mark.parametrize(("policy", "k"), [(None, 12), ("zero-mixed", 12), ("bf16", 4), ("scaling-book", 8)])
+def test_zero1_optimizer_state_is_k_bytes_per_parameter_over_dp(policy, k):
+    """ZeRO §3.1: ``K`` bytes of optimizer state per parameter (float32 master weights and two
+    Adam moments: 12; bf16 moments alone: 4; float32 moments, no master: 8), split ``1/dp``
+    from ZeRO-1 on; read off the training step's ledger at dp 4 and 8 (off the runs at 2 and 4)."""
+    cache = LayerCache(LLAMA, "h100", seq=16, policy=policy)
+    for dp in (1, 4, 8):
+        est = evaluate(cache, Candidate(Plan(dp=dp, zero=1 if dp > 1 else 0), 1, dp))
+        assert est.memory["optimizer"] == k * LLAMA.param_count() // dp
+
+
+def test_a_shared_cache_is_reused_and_must_match_the_search():
+    cache = LayerCache(LLAMA, "h100", seq=16)
+    first = plan(LLAMA, "h100", 4, batch_tokens=8 * 16, seq=16, zero=0, recompute="none", cache=cache)
+    again = plan(LLAMA, "h100", 4, batch_tokens=8 * 16, seq=16, zero=0, recompute="none", cache=cache)
+    assert first.traced > 0 and again.traced == 0  # every layer program came from the cache
+    assert [r.step_s for r in again.rows] == [r.step_s for r in first.rows]
+    with pytest.raises(PlannerError, match=r"cache= holds the layer programs of another search \(seq 16, not 32\)"):
+        plan(LLAMA, "h100", 4, batch_tokens=8 * 32, seq=32, cache=cache)
+    with pytest.raises(PlannerError, match=r"\(policy None, not BytePolicy"):
+        plan(LLAMA, "h100", 4, batch_tokens=8 * 16, seq=16, cache=cache, policy="bf16")
 
 
 def test_layer_programs_are_shared_across_pipeline_depths():
@@ -89,9 +139,9 @@ def test_stage_layers_balance_as_llama3():
 
 
 def test_table_text_html_json_and_why():
-    table = plan(LLAMA, "h100", 8, batch_tokens=16 * 16, seq=16, recompute="none")
+    table = plan(LLAMA, "h100", 4, batch_tokens=8 * 16, seq=16, recompute="none", zero=0, cache=_CACHE)
     text = str(table)
-    assert text.splitlines()[0].startswith("llama-tiny(layers=4) on 8 h100")
+    assert text.splitlines()[0].startswith("llama-tiny(layers=4) on 4 h100")
     assert "why: " in text and str(table.best.plan) in text
     html = table._repr_html_()
     assert "<table>" in html and "<pre>" in html
@@ -102,15 +152,16 @@ def test_table_text_html_json_and_why():
 
 
 def test_days_to_train_and_fewest_chips():
-    table = plan(LLAMA, "h100", 4, batch_tokens=8 * 16, seq=16, recompute="none", zero=0)
+    table = plan(LLAMA, "h100", 4, batch_tokens=8 * 16, seq=16, recompute="none", zero=0, cache=_CACHE)
     assert days_to_train(table, 86400 * table.best.tokens_per_s * 3) == pytest.approx(3.0)
     target = table.best.tokens_per_s * 0.999
     n, found = fewest_chips(
-        LLAMA, "h100", batch_tokens=8 * 16, seq=16, tokens_per_s=target, chips=[1, 2, 4, 8], recompute="none", zero=0
+        LLAMA, "h100", batch_tokens=8 * 16, seq=16, tokens_per_s=target, chips=[1, 2, 4, 8], recompute="none", zero=0,
+        cache=_CACHE,
     )
     assert n <= 4 and found.best.tokens_per_s >= target
     if n > 1:  # the count before it does not reach the target
-        below = plan(LLAMA, "h100", n // 2, batch_tokens=8 * 16, seq=16, recompute="none", zero=0)
+        below = plan(LLAMA, "h100", n // 2, batch_tokens=8 * 16, seq=16, recompute="none", zero=0, cache=_CACHE)
         assert below.best.tokens_per_s < target
 
 
@@ -129,6 +180,8 @@ def test_a_model_that_fits_nowhere_says_by_how_much_and_what_helps():
         ({"allow": ("dp", "magic")}, r"'magic' is not a parallelism"),
         ({"tpp": 2}, r"unknown planner option 'tpp'"),
         ({"tp": 16, "pp": 1, "dp": 1}, r"satisfies the constraints"),
+        ({"policy": "fp8"}, r"policy='fp8': unknown byte policy 'fp8'; the presets are"),
+        ({"policy": "megatron", "zero": 1}, r"policy='megatron' counts ZeRO stage 0 but zero=1 is fixed"),
     ],
 )
 def test_contradictory_constraints(options, match):
@@ -151,11 +204,12 @@ def test_planner_error_is_a_shardsim_error():
 
 # -- the command line ---------------------------------------------------------------------------
 def test_cli_plan_table_json_and_one_line_errors(capsys):
-    argv = ["plan", "--model", "gpt-tiny", "--chips", "2", "--batch-tokens", "64", "--seq", "16"]
+    argv = ["plan", "--model", "gpt-tiny", "--chips", "2", "--batch-tokens", "64", "--seq", "16", "--top", "3"]
+    argv += ["--fix", "recompute=none"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert out.startswith("gpt-tiny on 2 h100") and "why: " in out
-    assert main([*argv, "--json", "--fix", "tp=2"]) == 0
+    assert main([*argv, "--json", "--fix", "tp=2,recompute=none"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert all(r["plan"].find("tp=2") >= 0 for r in doc["rows"])
     assert main(["plan", "--model", "llama3-405b", "--chips", "8", "--batch-tokens", "64K", "--seq", "8192"]) == 2
@@ -163,6 +217,9 @@ def test_cli_plan_table_json_and_one_line_errors(capsys):
     assert err.count("\n") == 1 and "fits under no plan" in err
     assert main([*argv, "--fix", "tp=two"]) == 2
     assert "expected a whole number" in capsys.readouterr().err
+    assert main([*argv, "--policy", "fp8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "policy='fp8': unknown byte policy" in err
 
 
 def test_progress_counter_writes_one_line_only_when_enabled():
@@ -183,7 +240,8 @@ def test_progress_counter_writes_one_line_only_when_enabled():
 
 def test_batch_range_and_headroom_constraints():
     hbm = get_hardware("h100").hbm_capacity
-    table = plan(LLAMA, "h100", 4, batch_tokens=6 * 16, seq=16, batch_range=(4 * 16, 8 * 16), headroom=0.5, zero=0)
+    table = plan(LLAMA, "h100", 4, batch_tokens=6 * 16, seq=16, batch_range=(4 * 16, 8 * 16), headroom=0.5, zero=0,
+                 cache=_CACHE)  # fmt: skip
     for row in table.rows:
         assert 4 <= row.candidate.batch <= 8 and row.candidate.batch % row.plan.dp == 0
         assert row.memory["total"] <= 0.5 * hbm and row.tokens == row.candidate.batch * 16

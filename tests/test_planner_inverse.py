@@ -51,3 +51,17 @@ def test_largest_model_bad_input():
         largest_model(FAMILY, V100, Plan(dp=2), batch_tokens=256, seq=128, scale="depth")
     with pytest.raises(PlannerError, match="not even 1 layer"):
         largest_model(get("llama3-405b"), V100, Plan(), batch_tokens=8192, seq=8192)
+
+
+@pytest.mark.parametrize(("policy", "per_param"), [("bf16", 8.0), ("megatron", 18.0), ("scaling-book", 12.0)])
+def test_largest_model_under_a_byte_policy(policy, per_param):
+    """The model state per parameter as the policy's source counts it (``docs``:
+    ``shardsim.training.policies``; scaling-book's 10 leaves out the 2 bytes of bf16 gradients
+    the step does keep), read off the ledger: the largest model is the formula's to a layer.
+    Two data ranks, as megatron's float32 gradients are those of the reduction over them."""
+    cfg, _ = largest_model(
+        FAMILY, V100, Plan(dp=2), batch_tokens=256, seq=128, count="model_state", max_layers=4096, policy=policy
+    )
+    theory = V100.hbm_capacity / per_param
+    per_layer = FAMILY.scaled(layers=2).param_count() - FAMILY.scaled(layers=1).param_count()
+    assert cfg.param_count() <= theory < cfg.param_count() + 2 * per_layer

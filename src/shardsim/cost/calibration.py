@@ -46,7 +46,9 @@ class Run:
     ``hardware``, ``batch`` sequences per step, ``measured_tflops`` per GPU as ``source`` reports.
 
     ``role`` is ``"fit"`` for the rows a constant was read from and ``"check"`` for the rest;
-    ``assumed`` says what the source leaves open and the row assumes. ``counted_layers``: the
+    ``assumed`` says what the source leaves open and the row assumes; ``options`` are the
+    :func:`~shardsim.cost.estimate` options the software of the run implies (``overlap=False``
+    where it did not overlap communication), each said and cited in ``assumed``. ``counted_layers``: the
     run's own layer count when the model runs more to keep its pipeline stages equal (the
     step is the busiest stage's either way; FLOPs are counted for ``counted_layers``).
     """
@@ -64,6 +66,7 @@ class Run:
     overrides: tuple[tuple[str, Any], ...] = ()
     assumed: str = ""
     counted_layers: int | None = None
+    options: tuple[tuple[str, Any], ...] = ()
 
     @property
     def config(self) -> TransformerConfig:
@@ -113,6 +116,16 @@ def _t1(size: str, t: int, p: int, gpus: int, batch: int, tflops: float, row: in
     )
 
 
+# DeepSpeed's ZeRO-3 of 2021 gathered each parameter with a blocking AllGather: "the async
+# version is not async at all, because each all_gather calls torch.cuda.synchronize() to
+# guarantee previous communication op to be completed" (DeepSpeed PR 1188, June 2021, after
+# the PTD-P comparison was measured); "the prefetching only partially overlaps with
+# computation" (DeepSpeed PR 1170, July 2021).
+_ZERO3_SERIAL = (
+    "DeepSpeed PR 1188: each ZeRO-3 AllGather synchronised before the next; PR 1170: prefetch barely overlapped"
+)
+
+
 def _zero3(gpus: int, tflops: float) -> Run:
     return Run(
         f"ZeRO-3 175B, {gpus:,} GPUs",
@@ -124,7 +137,9 @@ def _zero3(gpus: int, tflops: float) -> Run:
         tflops,
         f"{PTDP}, §5.2 Table 2 (ZeRO-3 without model parallelism, microbatch {1536 // gpus})",
         overrides=(("vocab", 51200),),
-        assumed="vocabulary 51,200 as all PTD-P GPT models; DeepSpeed ZeRO-3 as ZeRO stage 3 over 'data'",
+        assumed="vocabulary 51,200 as all PTD-P GPT models; DeepSpeed ZeRO-3 as ZeRO stage 3 over 'data'; "
+        f"no overlap of communication with compute ({_ZERO3_SERIAL})",
+        options=(("overlap", False),),
     )
 
 
@@ -196,22 +211,25 @@ class Prediction:
         return self.step_s * self.tflops / self.run.measured_tflops
 
 
-def predict(run: Run, efficiency: str = "calibrated", hardware: Hardware | None = None) -> Prediction:
+def predict(
+    run: Run, efficiency: str = "calibrated", hardware: Hardware | None = None, *, options: bool = True
+) -> Prediction:
     """The cost model's figures for ``run``: :func:`~shardsim.cost.estimate` of its model under
     its plan on the preset (or on ``hardware``, the same chip with other constants, as
-    :func:`fit_non_matmul` tries). Warns if the chip lacks a measured curve.
+    :func:`fit_elementwise_passes` tries), with the run's ``options`` (``options=False``: the
+    estimate's defaults, e.g. communication overlapped). Warns if the chip lacks a measured curve.
 
     >>> p = predict(RUNS[0])
     >>> p.run.name, abs(p.error) < 0.15
     ('PTD-P 1.7B', True)
     """
-    est = _estimate(run, efficiency, hardware or get_hardware(run.hardware))
+    est = _estimate(run, efficiency, hardware or get_hardware(run.hardware), dict(run.options) if options else {})
     counted = (run.counted_layers or run.config.layers) / run.config.layers
     tflops = est.hardware_flops * counted / run.chips / est.step_s / 1e12
     return Prediction(run, est.step_s, tflops, est.mfu * counted, efficiency)
 
 
-def _estimate(run: Run, efficiency: str, hardware: Hardware) -> ModelEstimate:
+def _estimate(run: Run, efficiency: str, hardware: Hardware, options: dict[str, Any]) -> ModelEstimate:
     """The whole-model estimate of ``run`` (its program is cached by the cost model: a fit re-times it)."""
     try:
         est = estimate_model(
@@ -222,32 +240,34 @@ def _estimate(run: Run, efficiency: str, hardware: Hardware) -> ModelEstimate:
             seq=run.seq,
             efficiency=efficiency,
             memory=False,  # the table is about time; the training step's ledger would only slow it
+            **options,
         )
     except ShardsimError as err:
         raise type(err)(f"{run.name} ({run.source}): {err}") from None
     return est
 
 
-def fit_non_matmul(runs: Sequence[Run], tol: float = 2e-3, steps: int = 8) -> float:
-    """The :class:`~shardsim.cost.Calibration` ``non_matmul`` of the runs' chip that makes the
-    geometric mean of predicted over measured throughput 1 over ``runs``.
+def fit_elementwise_passes(runs: Sequence[Run], tol: float = 2e-3, steps: int = 8) -> float:
+    """The :class:`~shardsim.cost.Calibration` ``elementwise_passes`` (k) of the runs' chip that
+    makes the geometric mean of predicted over measured throughput 1 over ``runs``.
 
-    The mean log error falls smoothly as ``non_matmul`` grows (every matmul slows by
-    ``1 + non_matmul``), so a few secant steps from 0 and 0.5 find it; each step re-times
-    the runs' cached programs. 0 when the runs are slower than measured even without it.
-    This is how the presets' value was read from the ``fit`` rows; the other rows are checks.
+    The mean log error falls smoothly as k grows (every matmul is followed by k passes over
+    its output at HBM bandwidth), so a few secant steps from 0 and 4 find it; each step
+    re-times the runs' cached programs. 0 when the runs are slower than measured even without
+    the untimed kernels. This is how the presets' value was read from the ``fit`` rows; the
+    other rows are checks.
     """
     names = {r.hardware for r in runs}
     if len(names) != 1:
-        raise ShardsimError(f"fit_non_matmul fits one chip at a time; these runs are on {sorted(names)}")
+        raise ShardsimError(f"fit_elementwise_passes fits one chip at a time; these runs are on {sorted(names)}")
     base = get_hardware(names.pop())
     cal = base.calibration or Calibration()
 
     def log_error(value: float) -> float:
-        hw = base.with_(calibration=dataclasses.replace(cal, non_matmul=value))
+        hw = base.with_(calibration=dataclasses.replace(cal, elementwise_passes=value))
         return sum(math.log1p(predict(r, hardware=hw).error) for r in runs) / len(runs)
 
-    x0, x1 = 0.0, 0.5
+    x0, x1 = 0.0, 4.0
     f0 = log_error(x0)
     if f0 <= 0:
         return 0.0
@@ -260,22 +280,24 @@ def fit_non_matmul(runs: Sequence[Run], tol: float = 2e-3, steps: int = 8) -> fl
     return x1
 
 
-# Layer-microbatches (layers x microbatches) above which a pipelined row is left out of the
-# page (its time line has millions of steps); every published row is within it today: the
-# largest, PTD-P's 1T (128 x 512), takes about three minutes on two cores.
+# Layer-microbatches (layers x microbatches, times cp^2 under context parallelism) above which
+# a pipelined row is left out of the page (its time line has millions of steps). PTD-P's 1T
+# (128 x 512) is within it and takes about three minutes alone on two cores. Context-parallel
+# attention records, at each of its cp ring steps, one event per chip of the ring that does
+# different work (the causal mask), so a layer-microbatch costs cp^2 times as many steps: the
+# Llama 3 CP 16 row (128 x 16 x 256) is beyond it.
 PAGE_BUDGET = 100_000
 
 
 def not_predicted(run: Run, budget: int | None = PAGE_BUDGET) -> str | None:
     """Why the table does not time ``run``, or None when it does (``budget=None``: no size limit)."""
     plan = run.parsed_plan
-    if plan.pp > 1 and plan.cp > 1:
-        return "run_model does not pipeline a context-parallel model yet"
-    size = run.config.layers * plan.microbatches
+    size = run.config.layers * plan.microbatches * plan.cp**2
     if budget is not None and plan.pp > 1 and size > budget:
+        ring = f" x {plan.cp}^2 context-parallel ring steps" if plan.cp > 1 else ""
         return (
-            f"{run.config.layers} layers x {plan.microbatches} microbatches: a time line of millions of steps, "
-            f"beyond the page's budget of {budget:,} layer-microbatches (predict() times it)"
+            f"{run.config.layers} layers x {plan.microbatches} microbatches{ring}: a time line of millions of "
+            f"steps, beyond the page's budget of {budget:,} layer-microbatches (predict() times it)"
         )
     return None
 
@@ -301,30 +323,44 @@ def table(runs: Sequence[Run] = RUNS, budget: int | None = PAGE_BUDGET) -> str:
     ]
     done = {p.run: p for p in predictions(runs, budget=budget)}
     for r in runs:
-        head = f"| {r.name} | `{r.plan}` | {r.chips:,} | {r.batch:,} | {r.measured_tflops:.0f} "
+        plan = f"`{r.plan}`" + (f", {_options_text(r.options)}" if r.options else "")
+        head = f"| {r.name} | {plan} | {r.chips:,} | {r.batch:,} | {r.measured_tflops:.0f} "
         p = done.get(r)
         if p is None:
             lines.append(head + f"| not predicted | | | {r.role} | {r.source} |")
         else:
             lines.append(head + f"| {p.tflops:.0f} | {p.error:+.0%} | {p.mfu:.1%} | {r.role} | {r.source} |")
+    optioned = [p for p in done.values() if p.run.options]
+    if optioned:
+        lines += ["", "The same rows with the estimate's defaults instead of the run's options:", ""]
+        for p in optioned:
+            q = predict(p.run, options=False)
+            lines.append(
+                f"- {p.run.name} without {_options_text(p.run.options)}: {q.tflops:.0f} TFLOP/s ({q.error:+.0%})."
+            )
     missing = [(r.name, not_predicted(r, budget)) for r in runs if r not in done]
     if missing:
         lines += ["", "Not predicted:", ""] + [f"- {name}: {why}." for name, why in missing]
     return "\n".join(lines)
 
 
+def _options_text(options: tuple[tuple[str, Any], ...]) -> str:
+    """``(("overlap", False),)`` -> ```overlap=False```."""
+    return ", ".join(f"`{name}={value}`" for name, value in options)
+
+
 def constants_table() -> str:
     """The fitted constants per chip: the value in the preset and the rows it was read from."""
     from .presets import hardware_names
 
-    lines = ["| chip | `non_matmul` | read from | source |", "|---|---:|---|---|"]
+    lines = ["| chip | `elementwise_passes` | read from | source |", "|---|---:|---|---|"]
     for name in hardware_names():
         cal = get_hardware(name).calibration
         fit = [r.name for r in RUNS if r.hardware == name and r.role == "fit"]
-        if not fit and (cal is None or not cal.non_matmul):
+        if not fit and (cal is None or not cal.elementwise_passes):
             lines.append(f"| `{name}` | 0 | no published end-to-end run in the table | |")
             continue
-        value = cal.non_matmul if cal is not None else 0.0
+        value = cal.elementwise_passes if cal is not None else 0.0
         source = cal.source if cal is not None else ""
         lines.append(f"| `{name}` | {value:g} | {', '.join(fit) or 'borrowed'} | {source} |")
     return "\n".join(lines)
@@ -342,7 +378,7 @@ def render(text: str, names: Sequence[str] | None = None) -> str:
     """``text`` with every ``<!-- BEGIN name -->`` ... ``<!-- END name -->`` block recomputed.
 
     >>> render("a\\n<!-- BEGIN constants -->\\nold\\n<!-- END constants -->\\nb", ["constants"]).splitlines()[2]
-    '| chip | `non_matmul` | read from | source |'
+    '| chip | `elementwise_passes` | read from | source |'
     """
     makers = blocks()
     for name in names or list(makers):

@@ -14,10 +14,12 @@ measured curves (constants and sources in ``docs/cost-model.md``):
   with the message size V to a plateau below the link rate (nccl-tests' busbw). Rings pay
   (N-1)/N, as measured rings do, and ``launch_s`` is added once per collective; ``step_s``
   is charged per ring step over the network (a ring's latency grows with its length).
-- **the kernels a trace does not time** (norms, softmax, GeLU, dropout, residual adds, the
-  optimizer step, launches): ``non_matmul`` seconds of them per second of matmul, so every
-  matmul's time on the compute stream is multiplied by ``1 + non_matmul``. A chip's value is
-  fitted to published end-to-end runs (``docs/calibration.md`` says which rows); 0 where none.
+- **the kernels a trace does not time** (norms, softmax, GeLU, dropout, bias and residual
+  adds, gradient accumulation): they read and write the values matmuls produce, so their time
+  is bytes over HBM bandwidth, not FLOPs over peak. Each matmul is followed on the compute
+  stream by ``elementwise_passes`` (k) passes over its output: ``k x output bytes / HBM
+  bandwidth``. A chip's k is fitted to published end-to-end runs (``docs/calibration.md``
+  says which rows); 0 where none.
 
 A chip whose preset lacks a curve runs that part at the ideal rate and
 :func:`resolve_efficiency` warns (:class:`CalibrationWarning`), naming what is missing.
@@ -128,21 +130,22 @@ class CollectiveEfficiency:
 @dataclass(frozen=True)
 class Calibration:
     """A chip's measured curves: ``matmul``, one :class:`CollectiveEfficiency` per network name,
-    and ``non_matmul``, the untimed kernels' seconds per matmul second (``source`` says where from).
+    and ``elementwise_passes``, the HBM passes the untimed kernels make over each matmul's
+    output (``source`` says where from).
 
-    >>> Calibration(non_matmul=-0.1)
+    >>> Calibration(elementwise_passes=-0.1)
     Traceback (most recent call last):
     ...
-    shardsim.errors.CostModelError: non_matmul = -0.1 must be a finite number >= 0
+    shardsim.errors.CostModelError: elementwise_passes = -0.1 must be a finite number >= 0
     """
 
     matmul: MatmulEfficiency | None = None
     networks: Mapping[str, CollectiveEfficiency] = field(default_factory=dict)
-    non_matmul: float = 0.0
+    elementwise_passes: float = 0.0
     source: str = ""
 
     def __post_init__(self) -> None:
-        _non_negative("non_matmul", self.non_matmul)
+        _non_negative("elementwise_passes", self.elementwise_passes)
 
 
 @dataclass(frozen=True)
@@ -150,14 +153,14 @@ class Efficiency:
     """The efficiency an estimate runs at: the mode and the curves in force (None: ideal).
 
     ``missing`` names the parts a calibrated chip has no curve for (they run ideal);
-    ``non_matmul`` is the chip's :class:`Calibration` value (0 when ideal).
+    ``elementwise_passes`` is the chip's :class:`Calibration` value (0 when ideal).
     """
 
     mode: str
     matmul: MatmulEfficiency | None = None
     networks: Mapping[str, CollectiveEfficiency] = field(default_factory=dict)
     missing: tuple[str, ...] = ()
-    non_matmul: float = 0.0
+    elementwise_passes: float = 0.0
 
     @property
     def calibrated(self) -> bool:
@@ -167,10 +170,14 @@ class Efficiency:
         """Achieved / peak FLOP/s for a matmul of this intensity (1 when ideal)."""
         return 1.0 if self.matmul is None else self.matmul.fraction(intensity, str(dtype))
 
-    @property
-    def compute_factor(self) -> float:
-        """What a matmul's time on the compute stream is multiplied by: ``1 + non_matmul``."""
-        return 1.0 + self.non_matmul
+    def untimed_s(self, output_bytes: float, hbm_bandwidth: float) -> float:
+        """Seconds of the untimed kernels after a matmul writing ``output_bytes``: each of the
+        ``elementwise_passes`` reads or writes the output once at ``hbm_bandwidth`` (0 when ideal).
+
+        >>> Efficiency("calibrated", elementwise_passes=4.0).untimed_s(1e9, 2e12)  # 4 GB at 2 TB/s
+        0.002
+        """
+        return self.elementwise_passes * output_bytes / hbm_bandwidth
 
     def describe(self) -> str:
         """One line: ``efficiency ideal`` or what the calibrated mode uses and lacks."""
@@ -180,8 +187,8 @@ class Efficiency:
         if self.matmul is not None:
             parts.append(f"matmul up to {self.matmul.peak_fraction:.1%} of peak")
         parts += [f"{name} up to {c.peak_fraction:.1%} of link rate" for name, c in self.networks.items()]
-        if self.non_matmul:
-            parts.append(f"untimed kernels +{self.non_matmul:.0%} of matmul time")
+        if self.elementwise_passes:
+            parts.append(f"untimed kernels {self.elementwise_passes:.3g} HBM passes over each matmul output")
         text = "efficiency calibrated (" + ", ".join(parts or ["no measured curves"]) + ")"
         if self.missing:
             text += "; ideal for " + ", ".join(self.missing) + " (no measured data)"
@@ -228,4 +235,4 @@ def resolve_efficiency(
             stacklevel=2,
         )
     curves = {name: cal.networks[name] for name in used if name in cal.networks}
-    return Efficiency("calibrated", cal.matmul, curves, tuple(missing), cal.non_matmul)
+    return Efficiency("calibrated", cal.matmul, curves, tuple(missing), cal.elementwise_passes)

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from ..dtypes import resolve_dtype
 from ..mesh import Mesh
 from ..trace_events import TraceSlice, slice_name, write_chrome_trace
 from ..tracing import COLLECTIVES, Event, Trace
@@ -51,7 +52,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Bar:
-    """One event on the time line. ``hidden`` is the part of a collective under compute."""
+    """One event on the time line. ``hidden`` is the part of a collective under compute;
+    ``untimed_s`` the part of a matmul's bar spent in the element-wise kernels after it."""
 
     index: int
     stream: str
@@ -70,6 +72,7 @@ class Bar:
     memory_s: float = 0.0
     hidden: float = 0.0
     where: str = ""
+    untimed_s: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -137,12 +140,13 @@ class Timeline:
         return [*compute, *dict.fromkeys(b.stream for b in self.bars if not b.is_compute)]
 
     def phase_totals(self) -> dict[str, dict[str, float]]:
-        """Per phase, seconds of: ``compute`` (roofline), ``flops`` (FLOPs at peak alone),
-        ``memory`` (HBM traffic alone), ``comm`` (sum of collective times) and, per mesh
-        axis, ``comm X`` ... (the collectives using that axis's links). When chips run
-        different steps (pipeline stages), every figure is the busiest chips' (each set of
-        chips' own compute and collectives, then the largest), so a pipeline's communication
-        is not summed over stages against one stage's FLOPs."""
+        """Per phase, seconds of: ``compute`` (roofline), ``flops`` (FLOPs at the achieved rate
+        alone, plus the untimed kernels after the matmuls when calibrated: the compute a
+        collective can hide behind), ``memory`` (the matmuls' HBM traffic alone), ``comm``
+        (sum of collective times) and, per mesh axis, ``comm X`` ... (the collectives using
+        that axis's links). When chips run different steps (pipeline stages), every figure is
+        the busiest chips' (each set of chips' own compute and collectives, then the largest),
+        so a pipeline's communication is not summed over stages against one stage's FLOPs."""
         out: dict[str, dict[str, float]] = {}
         for bars in _by_chips(self.bars).values():
             mine: dict[str, dict[str, float]] = {}
@@ -150,7 +154,7 @@ class Timeline:
                 row = mine.setdefault(b.phase, {"compute": 0.0, "flops": 0.0, "memory": 0.0, "comm": 0.0})
                 if b.is_compute:
                     row["compute"] += b.seconds
-                    row["flops"] += b.flops_s
+                    row["flops"] += b.flops_s + b.untimed_s
                     row["memory"] += b.memory_s
                     continue
                 row["comm"] += b.seconds
@@ -277,7 +281,7 @@ def build_timeline(
     slots: list[Slot] = []
     for st in steps:
         e = st.event
-        key = (e.op, e.axes, e.flops, e.hbm_bytes, e.array_bytes, e.received_bytes, e.dtype, e.where)
+        key = (e.op, e.axes, e.flops, e.hbm_bytes, e.array_bytes, e.received_bytes, e.dtype, e.where, e.local_shapes)
         if key not in costs:
             costs[key] = _slowed(_cost(e, hardware, placement, groups, efficiency), slowest(e.where))
         cost = costs[key]
@@ -292,7 +296,7 @@ def build_timeline(
         bars.append(
             Bar(
                 p.index, cost.stream, e.op, e.axes, e.label, e.phase, st.layer, p.start, p.end, nbytes, e.flops,
-                cost.limit, cost.intensity, cost.flops_s, cost.memory_s, where=e.where,
+                cost.limit, cost.intensity, cost.flops_s, cost.memory_s, where=e.where, untimed_s=cost.untimed_s,
             )
         )  # fmt: skip
     step = max((b.end for b in bars), default=0.0)
@@ -337,6 +341,25 @@ class _Cost:
     intensity: float | None = None
     flops_s: float = 0.0
     memory_s: float = 0.0
+    untimed_s: float = 0.0
+
+
+def output_bytes(e: Event) -> float:
+    """Bytes a matmul event writes on its chip: FLOPs over twice the contracted dimension
+    (the last of the first operand) elements, at the event's dtype (0 without shapes).
+
+    >>> import shardsim
+    >>> mesh = shardsim.Mesh(X=2)
+    >>> x = shardsim.shard(shardsim.ShapeDtype((64, 32), "bfloat16"), mesh, "B_X D")
+    >>> w = shardsim.shard(shardsim.ShapeDtype((32, 128), "bfloat16"), mesh, "D F")
+    >>> with shardsim.trace() as t:
+    ...     y = shardsim.matmul(x, w)
+    >>> output_bytes(t.events[0]) == 32 * 128 * 2  # y's [32, 128] bf16 block on one chip
+    True
+    """
+    if not e.local_shapes or not e.local_shapes[0] or not e.flops:
+        return 0.0
+    return e.flops / (2 * e.local_shapes[0][-1]) * resolve_dtype(e.dtype or "bfloat16").itemsize
 
 
 def _cost(
@@ -356,8 +379,13 @@ def _cost(
 
     if e.op == "matmul" or e.flops:
         r = matmul_time(e.flops, e.hbm_bytes, hardware, e.dtype or "bfloat16", efficiency)
-        matmul = _Cost("compute" + suffix, links("compute"), r.seconds, r.bound, r.intensity, r.flops_s, r.memory_s)
-        return _slowed(matmul, efficiency.compute_factor)  # the untimed kernels between matmuls (calibrated)
+        # the untimed kernels that read and write the matmul's output run right after it on
+        # the same stream, so its reader waits for them too (0 when ideal)
+        untimed = efficiency.untimed_s(output_bytes(e), hardware.hbm_bandwidth)
+        return _Cost(
+            "compute" + suffix, links("compute"), r.seconds + untimed, r.bound, r.intensity, r.flops_s, r.memory_s,
+            untimed,
+        )  # fmt: skip
     if e.op in COLLECTIVES and e.axes:
         t = collective_time(e.op, _volume(e), placement.route(e.axes), hardware.ring, efficiency)
         axes_links = tuple(link for a in e.axes for link in links(f"comm {a}"))
@@ -396,7 +424,13 @@ def _slowest(mesh: Mesh | None) -> Callable[[str], float]:
 def _slowed(cost: _Cost | None, factor: float) -> _Cost | None:
     if cost is None or factor == 1.0:
         return cost
-    return replace(cost, seconds=cost.seconds * factor, flops_s=cost.flops_s * factor, memory_s=cost.memory_s * factor)
+    return replace(
+        cost,
+        seconds=cost.seconds * factor,
+        flops_s=cost.flops_s * factor,
+        memory_s=cost.memory_s * factor,
+        untimed_s=cost.untimed_s * factor,
+    )
 
 
 def _volume(e: Event) -> float:

@@ -6,16 +6,18 @@ the search's window, cannot be in the answer, so it is not traced. The numbers o
 plan that survives come from its traced program (:mod:`.program`), never from here.
 
 Memory: the weights, gradients and optimizer state of the layers on the busiest stage,
-counted at the fewest bytes any plan stores them (16-bit weights and gradients, ``K = 12``
-bytes of fp32 master weights and Adam moments, each divided by ``dp`` where the ZeRO stage
-shards it; the ZeRO paper's ``(2 + 2 + K)Ψ``), plus the block inputs every recomputation
+counted at the fewest bytes the byte policy stores them (:func:`state_bytes`: under the
+default policy 16-bit weights and gradients and ``K = 12`` bytes of float32 master weights
+and Adam moments, the ZeRO paper's ``(2 + 2 + K)Ψ``), each divided by ``dp`` where the ZeRO
+stage shards it, plus the block inputs every recomputation
 policy keeps for each microbatch chunk the first stage holds at once, at least ``min(m, p)``
 under GPipe, 1F1B and the interleaved schedule alike. Embeddings, norms and every other
 activation only add to it.
 
 Time: the matmul FLOPs of the busiest stage's layers (``6Ψ`` per token, ``8Ψ`` under full
-recomputation; attention only adds) at the chip's best matmul rate, stretched by the
-pipeline's bubble ``(m + (p - 1)/v) / m``.
+recomputation; attention only adds) at the chip's best matmul rate (the untimed kernels after
+each matmul only add to it), stretched by the pipeline's bubble
+``(m + (p - 1)/v) / m``.
 
 >>> from shardsim.models import get
 >>> from shardsim.plans import Plan
@@ -37,9 +39,27 @@ from ..cost.efficiency import Efficiency
 from ..cost.hardware import Hardware
 from ..models import TransformerConfig
 from ..pipeline.schedule import Schedule, make
+from ..training import optim, policies
+from ..training.policies import BytePolicy
+from ..training.precision import Precision
 from .space import Candidate, stage_layers
 
-OPTIMIZER_BYTES = 12  # fp32 master weights + Adam's two moments per parameter (ZeRO paper, K = 12)
+
+def state_bytes(policy: str | BytePolicy | None = None) -> tuple[int, int, int]:
+    """The fewest bytes per parameter of the weights, the gradients and the optimizer state a
+    training step under ``policy`` keeps (default :func:`shardsim.training.model_memory`'s):
+    the weights' dtype for both of the first two, the master copy (if any) and one moment
+    per optimizer slot for the third. The ledger may keep more (float32 reduced gradients,
+    replicated norms); never less.
+
+    >>> state_bytes(), state_bytes("bf16"), state_bytes("scaling-book")
+    ((2, 2, 12), (2, 2, 4), (2, 2, 8))
+    """
+    chosen = None if policy is None else policies.get(policy)
+    prec = Precision.of("bf16") if chosen is None else chosen.precision
+    slots = len(optim.get("adam" if chosen is None else chosen.optimizer).slots)
+    w = prec.compute.itemsize
+    return w, w, (prec.state_dtype.itemsize if prec.mixed else 0) + slots * prec.moment_dtype.itemsize
 
 
 @functools.lru_cache(maxsize=64)
@@ -103,16 +123,19 @@ def _peak_in_flight(schedule: str, p: int, m: int, v: int) -> int:
     return _IN_FLIGHT[key]
 
 
-def memory_bound(model: TransformerConfig, c: Candidate, *, seq: int) -> float:
-    """Bytes per chip no plan of this shape can store less than (module doc)."""
+def memory_bound(
+    model: TransformerConfig, c: Candidate, *, seq: int, state: tuple[int, int, int] = (2, 2, 12)
+) -> float:
+    """Bytes per chip no plan of this shape can store less than (module doc); ``state`` the
+    bytes per parameter of :func:`state_bytes` (default: the default policy's)."""
     p = c.plan
     psi = layer_matmul_params(model) * busiest_stage_layers(model, c) / p.tp
     d = p.dp
-    weights = 2 / (d if p.zero >= 3 else 1)
-    grads = 2 / (d if p.zero >= 2 else 1)
-    opt = OPTIMIZER_BYTES / (d if p.zero >= 1 else 1)
+    weights = state[0] / (d if p.zero >= 3 else 1)
+    grads = state[1] / (d if p.zero >= 2 else 1)
+    opt = state[2] / (d if p.zero >= 1 else 1)
     chunk = busiest_stage_layers(model, c) // p.virtual_stages
-    block_input = 2 * c.micro * seq * model.d_model / (p.cp * (p.tp if p.sp else 1))
+    block_input = state[0] * c.micro * seq * model.d_model / (p.cp * (p.tp if p.sp else 1))
     held = min(p.microbatches, p.pp)  # the first stage holds at least this many chunks under every schedule
     return psi * (weights + grads + opt) + held * chunk * block_input
 
@@ -139,19 +162,22 @@ def time_bound(model: TransformerConfig, c: Candidate, hw: Hardware, eff: Effici
     return flops / rate * bubble
 
 
-def stage_bound(model: TransformerConfig, c: Candidate, per_layer_s: float, sync_s: float) -> float:
-    """A lower bound of a step once its layer is traced: the schedule can do no better than
-    ``(m + (p - 1)/v)`` microbatches of its lightest stage's layers (``per_layer_s`` each,
-    forward and backward), then, with a pipeline, that stage's gradient reduction after the
-    flush (``sync_s`` a layer; without one it overlaps the last backward and is not counted).
+def stage_bound(model: TransformerConfig, c: Candidate, per_layer_s: float) -> float:
+    """A lower bound of a step once its layer is traced: the busiest stage runs ``m``
+    microbatches of its layers (``per_layer_s`` each, forward and backward), and the schedule
+    can do no better than ``(m + (p - 1)/v)`` microbatches of its lightest stage's (one layer
+    fewer when the stages are unequal). The gradient reduction is not counted: it may hide
+    under the last backward (:func:`~shardsim.planner.evaluate.clock`).
 
     >>> from shardsim.models import get
     >>> from shardsim.plans import Plan
-    >>> stage_bound(get("gpt-tiny"), Candidate(Plan(pp=1, microbatches=4), 1, 4), 1.0, 0.5)
+    >>> stage_bound(get("gpt-tiny"), Candidate(Plan(pp=1, microbatches=4), 1, 4), 1.0)
     8.0
     """
     p = c.plan
     if p.pp == 1:
         return p.microbatches * model.layers * per_layer_s
-    n = busiest_stage_layers(model, c) - 2
-    return (p.microbatches + (p.pp - 1) / p.virtual_stages) * n * per_layer_s + n * sync_s
+    n = busiest_stage_layers(model, c)
+    lightest = n - (1 if n * p.pp > model.layers else 0)
+    work = p.microbatches * n * per_layer_s
+    return max(work, (p.microbatches + (p.pp - 1) / p.virtual_stages) * lightest * per_layer_s)

@@ -4,8 +4,8 @@ The options are :func:`~shardsim.planner.plan`'s: ``--model`` (a preset), ``--ha
 ``--chips``, ``--batch-tokens`` (``16M`` is 16 x 2**20 tokens, as Llama 3 counts its 16M
 batch; ``K`` and ``G`` alike), ``--seq``, ``--fix tp=8,pp=16`` (plan fields held fixed),
 ``--allow dp,zero,tp,sp,pp`` (the parallelisms that may be used), ``--headroom``,
-``--efficiency``, ``--window``, ``--top``; ``--json`` prints every figure. A counter runs on
-stderr while it searches, when stderr is a terminal. Errors are one line (exit code 2).
+``--efficiency``, ``--policy`` (a byte policy), ``--window``, ``--top``; ``--json`` prints
+every figure. A counter runs on stderr while it searches, when stderr is a terminal. Errors are one line (exit code 2).
 
 >>> import argparse
 >>> p = argparse.ArgumentParser()
@@ -64,6 +64,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow", help=f"parallelisms that may be used (default {','.join(PARALLELISMS)})")
     parser.add_argument("--headroom", type=float, default=0.0, help="fraction of each chip's memory left free")
     parser.add_argument("--efficiency", choices=("ideal", "calibrated"), default="calibrated")
+    parser.add_argument("--policy", help="the step's byte policy (default: bf16, fp32 Adam)")
     parser.add_argument("--window", type=float, default=0.15, help="keep plans within this fraction of the best")
     parser.add_argument("--top", type=count("columns"), default=10, help="rows to print (default 10)")
     parser.add_argument("--json", action="store_true", help="print every figure as JSON")
@@ -76,7 +77,7 @@ def cli_plan(args: argparse.Namespace) -> int:
         options["allow"] = tuple(a.strip() for a in args.allow.split(",") if a.strip())
     table = plan(
         args.model, args.hardware, args.chips, args.batch_tokens, args.seq, efficiency=args.efficiency,
-        window=args.window, headroom=args.headroom, **options,
+        window=args.window, headroom=args.headroom, policy=args.policy, **options,
     )  # fmt: skip
     if args.json:
         print(table.to_json(args.top))

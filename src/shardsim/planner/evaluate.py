@@ -6,15 +6,18 @@ The step is assembled from the layer program's measured pieces (:class:`~.progra
   last one's backward overlapping the gradient reduction over the data axis as DDP's
   buckets do, so ``step = (m - 1)(t_f + t_b) + t_f + t_b,fused``;
 - with a pipeline: the plan's own schedule (:mod:`shardsim.pipeline.schedule`) run on a
-  clock whose items last what the traced layers take (the busiest stage's layers, the head
-  on the last virtual stage, one traced stage-to-stage send each), then the busiest stage's
-  gradient reduction after the flush, exposed as in Megatron.
+  clock (:func:`clock`) whose items last what the traced layers take (each stage's layers,
+  the head on the last virtual stage), as the whole-model estimate's time line runs them:
+  each stage-to-stage send (traced) on the stage's link while the stage computes its next
+  item, only its reader waiting; each chunk's last backward reducing its gradients over the
+  data axis as it runs (the traced ``fused`` time), the reduction's tail past the flush
+  the exposed ``sync``.
 
-Memory per chip by category is the ledger's: each category's peak at one and two layers,
-extended to the busiest stage's layers, plus the activations the schedule stashes for the
-microbatches in flight; ``optimizer`` is the mixed-precision Adam state (fp32 master
-weights and moments, 12 bytes per stored parameter, sharded over the data axis from ZeRO-1
-on), the ZeRO paper's ``K = 12``.
+Memory per chip by category is the training step's ledger: each category's peak at one and
+two layers, extended to the busiest stage's layers, plus the activations the schedule
+stashes for the microbatches in flight; ``optimizer`` is the state the update keeps (under
+the default byte policy float32 master weights and Adam moments, split over the data axis
+from ZeRO-1 on: the ZeRO paper's ``K = 12``).
 
 >>> from shardsim.models import get
 >>> from shardsim.plans import Plan
@@ -28,14 +31,14 @@ on), the ZeRO paper's ``K = 12``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..cost.timeline import Timeline
-from ..pipeline.schedule import Item, Schedule, _needs
+from ..pipeline.schedule import Schedule, _needs
 from ..plans import Plan
-from .bounds import OPTIMIZER_BYTES, busiest_stage_layers, in_flight, schedule_of
+from .bounds import busiest_stage_layers, in_flight, schedule_of
 from .program import Layer, LayerCache
 from .space import Candidate, stage_layers
 
@@ -122,17 +125,6 @@ class PlanEstimate:
         }
 
 
-def optimizer_bytes(plan: Plan, stored_params: int) -> int:
-    """Mixed-precision Adam's state for the parameters a chip stores: ``K = 12`` bytes per
-    16-bit parameter, over the data axis from ZeRO-1 on (ZeRO-3's stored weights already are).
-
-    >>> optimizer_bytes(Plan(dp=4), 2_000), optimizer_bytes(Plan(dp=4, zero=1), 2_000)
-    (12000, 3000)
-    """
-    elems = stored_params // 2
-    return int(OPTIMIZER_BYTES * elems // (plan.dp if plan.zero in (1, 2) else 1))
-
-
 def evaluate(cache: LayerCache, c: Candidate, *, headroom: float = 0.0) -> PlanEstimate:
     """The candidate's :class:`PlanEstimate` (module doc)."""
     model, plan = cache.model, c.plan
@@ -146,10 +138,8 @@ def evaluate(cache: LayerCache, c: Candidate, *, headroom: float = 0.0) -> PlanE
         step = (m - 1) * work + last
         parts = {"compute": m * work, "bubble": 0.0, "sync": last - work}
     else:
-        span, busy = _pipeline(cache, lay, c)
-        sync = n * per.sync + edge.sync
-        step = span + sync
-        parts = {"compute": busy, "bubble": span - busy, "sync": sync}
+        span, step, busy = _pipeline(cache, lay, c)
+        parts = {"compute": busy, "bubble": span - busy, "sync": step - span}
     exposed = _exposed(lay, parts["compute"], n, m, plan)
     mem = _memory(lay, c, n)
     pl, _ = cache.placement(plan, c.order)
@@ -167,10 +157,9 @@ def _memory(lay: Layer, c: Candidate, n: int) -> dict[str, int]:
     chunks = in_flight(c)
     per_chunk = n // c.plan.virtual_stages
     extra = max(0, chunks * per_chunk - n) * lay.stored  # microbatches the schedule stashes beyond the first
-    mem = {k: lay.bytes_at(k, n) for k in ("params", "grads", "activations")}
+    mem = {k: lay.bytes_at(k, n) for k in ("params", "grads", "optimizer", "activations")}
     mem["activations"] += extra
-    mem["optimizer"] = optimizer_bytes(c.plan, lay.bytes_at("stored params", n))
-    mem["total"] = lay.bytes_at("total", n) + extra + mem["optimizer"]
+    mem["total"] = lay.bytes_at("total", n) + extra
     return mem
 
 
@@ -187,8 +176,7 @@ def model_state(cache: LayerCache, c: Candidate) -> dict[str, int]:
     """
     lay = cache.layer(c.plan, c.micro, c.order)
     n = busiest_stage_layers(cache.model, c)
-    stored = lay.bytes_at("stored params", n)
-    state = {"params": stored, "grads": lay.bytes_at("reduced grads", n), "optimizer": optimizer_bytes(c.plan, stored)}
+    state = {k: lay.state_at(k, n) for k in ("params", "grads", "optimizer")}
     state["total"] = sum(state.values())
     return state
 
@@ -210,50 +198,99 @@ def _exposed(lay: Layer, compute: float, n: int, m: int, plan: Plan) -> dict[str
     return {a: s * scale for a, s in out.items() if s > 0}
 
 
-def _pipeline(cache: LayerCache, lay: Layer, c: Candidate) -> tuple[float, float]:
-    """The schedule's span on the traced durations, and the busiest stage's busy time."""
+def _pipeline(cache: LayerCache, lay: Layer, c: Candidate) -> tuple[float, float, float]:
+    """The schedule's span on the traced durations without the gradient reductions and with
+    them, and the busiest stage's busy time."""
     plan, model = c.plan, cache.model
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
     sched = schedule_of(plan.schedule, p, m, v)
     per_v = stage_layers(model.layers, p * v)
     assert per_v is not None
     short = per_v * p * v - model.layers  # the first and last virtual stage hold one layer less each
-    send = cache.p2p(plan, c.micro, c.order)
     last = p * v - 1
     per, edge = lay.per_layer, lay.edge
+    layers = [per_v - (1 if (k == 0 and short == 2) or (k == last and short >= 1) else 0) for k in range(p * v)]
+    head = [0.0] * last + [1.0]  # the embedding and the head, charged to the last virtual stage
+    fwd = [n * per.fwd + h * edge.fwd for n, h in zip(layers, head)]
+    bwd = [n * per.bwd + h * edge.bwd for n, h in zip(layers, head)]
+    fused = [n * per.fused + h * edge.fused for n, h in zip(layers, head)]
+    return clock(sched, fwd, bwd, cache.p2p(plan, c.micro, c.order), fused)
 
-    def layers_on(k: int) -> int:
-        return per_v - (1 if (k == 0 and short == 2) or (k == last and short >= 1) else 0)
 
-    def duration(it: Item) -> float:
+Slots = tuple[tuple[int, int, int, bool, bool], ...]
+_COMPILED: dict[int, tuple[Schedule, Slots]] = {}
+
+
+def _slots(sched: Schedule) -> Slots:
+    """Each item of ``sched`` in its unit-time order: its stage, its slot in the duration
+    tables (``k`` for the forward of virtual stage ``k``, ``V + k`` for its backward), the
+    index of the item it waits for (-1: none), whether its output is sent to another stage,
+    and whether it is its chunk's last backward. Built once per schedule."""
+    hit = _COMPILED.get(id(sched))
+    if hit is not None and hit[0] is sched:
+        return hit[1]
+    p, virtual, m = sched.stages, sched.stages * sched.chunks, sched.microbatches
+    index = {it.key: i for i, it in enumerate(sched.items)}
+    out = []
+    for it in sched.items:
         k = sched.virtual_stage(it)
-        t = layers_on(k) * (per.fwd if it.kind == "F" else per.bwd)
-        if k == last:
-            t += edge.fwd if it.kind == "F" else edge.bwd
-        return t + (send if (it.kind == "F" and k < last) or (it.kind == "B" and k > 0) else 0.0)
+        need = _needs(it, p, virtual)
+        forward = it.kind == "F"
+        sends = (forward and k < virtual - 1) or (not forward and k > 0)
+        out.append((it.stage, k if forward else virtual + k, -1 if need is None else index[need], sends,
+                    not forward and it.microbatch == m - 1))  # fmt: skip
+    _COMPILED[id(sched)] = (sched, tuple(out))
+    return _COMPILED[id(sched)][1]
 
-    return clock(sched, duration)
 
+def clock(
+    sched: Schedule,
+    fwd: Sequence[float],
+    bwd: Sequence[float],
+    send: float = 0.0,
+    reduced: Sequence[float] | None = None,
+) -> tuple[float, float, float]:
+    """The span of ``sched`` when the forward and backward of virtual stage ``k`` last
+    ``fwd[k]`` and ``bwd[k]``, the span with the gradient reductions, and the busiest stage's
+    busy time: :meth:`~shardsim.pipeline.schedule.Schedule.timeline`'s clock in one pass,
+    since the schedule's unit-time order already has every item after what it waits for.
 
-def clock(sched: Schedule, duration: Callable[[Item], float]) -> tuple[float, float]:
-    """The span of ``sched`` when each item lasts ``duration(item)``, and the busiest stage's
-    busy time: :meth:`~shardsim.pipeline.schedule.Schedule.timeline`'s clock in one pass, since
-    the schedule's unit-time order already has every item after what it waits for.
+    As on the estimate's time line (:mod:`shardsim.cost.timeline`), communication runs on its
+    own links while the stage computes: each output sent to another stage takes ``send``
+    seconds on the stage's link, one send after another, and only the item that reads it
+    waits for it; a chunk's last backward reduces its gradients over the data axis as it
+    runs, ending ``reduced[k]`` seconds after it starts, which delays the step's end but
+    neither the stage's next item nor the item's reader.
 
     >>> from shardsim.pipeline.schedule import one_f_one_b
     >>> s = one_f_one_b(stages=3, microbatches=4)
-    >>> f = lambda it: 1.0 if it.kind == "F" else 2.0
-    >>> clock(s, f)[0] == max(t.end for t in s.timeline(f))
+    >>> clock(s, [1.0] * 3, [2.0] * 3)[0] == max(t.end for t in s.timeline(lambda it: 1.0 + (it.kind == "B")))
     True
+    >>> span, _, busy = clock(s, [1.0] * 3, [2.0] * 3, send=0.5)  # the sends lengthen the span, not the work
+    >>> span > clock(s, [1.0] * 3, [2.0] * 3)[0], busy == 12.0
+    (True, True)
+    >>> clock(s, [1.0] * 3, [2.0] * 3, reduced=[5.0] * 3)[1] - 18.0  # the last backward's reduction: 5 s from its start
+    3.0
     """
-    p, virtual = sched.stages, sched.stages * sched.chunks
-    done: dict[tuple[int, str, int, int], float] = {}
+    p = sched.stages
+    dur = [*fwd, *bwd]
+    tail_of = [0.0] * len(fwd) + list(reduced) if reduced is not None else None
+    arrive: list[float] = []
     free = [0.0] * p
+    link = [0.0] * p
     busy = [0.0] * p
-    for it in sched.items:
-        need = _needs(it, p, virtual)
-        start = max(free[it.stage], done[need] if need is not None else 0.0)
-        d = duration(it)
-        done[it.key] = free[it.stage] = start + d
-        busy[it.stage] += d
-    return max(free), max(busy)
+    tail = 0.0
+    for stage, slot, need, sends, last in _slots(sched):
+        start = free[stage]
+        if need >= 0 and arrive[need] > start:
+            start = arrive[need]
+        d = dur[slot]
+        free[stage] = end = start + d
+        busy[stage] += d
+        if last and tail_of is not None and start + tail_of[slot] > tail:
+            tail = start + tail_of[slot]
+        if sends and send > 0:
+            link[stage] = end = max(end, link[stage]) + send
+        arrive.append(end)
+    span = max(free)
+    return span, max(span, tail), max(busy)

@@ -26,6 +26,7 @@ from ..cost.presets import get_hardware
 from ..errors import PlannerError
 from ..models import TransformerConfig
 from ..plans import Plan
+from ..training.policies import BytePolicy
 from .evaluate import PlanEstimate, evaluate, model_state
 from .program import LayerCache
 from .search import plan as search
@@ -46,6 +47,7 @@ def largest_model(
     max_layers: int = 4096,
     widths: Sequence[int] | None = None,
     efficiency: str | Efficiency = "calibrated",
+    policy: str | BytePolicy | None = None,
 ) -> tuple[TransformerConfig, PlanEstimate]:
     """The largest member of ``family`` whose memory under ``plan`` fits one chip of ``hardware``.
 
@@ -53,7 +55,8 @@ def largest_model(
     ``widths`` as ``d_model`` (with ``d_ff = 4 d_model`` and the heads' width kept). ``count``
     is ``"step"`` (the peak of the whole training step: weights, gradients, optimizer state,
     activations) or ``"model_state"`` (weights, reduced gradients and optimizer state alone,
-    as the ZeRO paper's Table 2 counts). Returns the model and its estimate.
+    as the ZeRO paper's Table 2 counts), both from the ledger of the training step under the
+    byte ``policy`` (:mod:`shardsim.training.policies`). Returns the model and its estimate.
     """
     hw = get_hardware(hardware)
     if scale not in ("layers", "width"):
@@ -69,11 +72,12 @@ def largest_model(
         hd = family.hd
         return [family.scaled(d_model=w, d_ff=4 * w, heads=w // hd, kv_heads=None) for w in widths or ()]
 
-    shared = LayerCache(family, hw, seq=seq, efficiency=efficiency)
+    options: dict[str, Any] = {"efficiency": efficiency, "policy": policy}
+    shared = LayerCache(family, hw, seq=seq, **options)
 
     def fits(cfg: TransformerConfig) -> tuple[bool, PlanEstimate]:
         same = scale == "layers"  # deeper members share the family's traced layer program
-        cache = shared.with_layers(cfg.layers) if same else LayerCache(cfg, hw, seq=seq, efficiency=efficiency)
+        cache = shared.with_layers(cfg.layers) if same else LayerCache(cfg, hw, seq=seq, **options)
         est = evaluate(cache, cand)
         if count == "model_state":
             total = model_state(cache, cand)["total"]

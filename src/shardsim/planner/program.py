@@ -1,11 +1,14 @@
-"""The traced layer program: one shape-only ``run_model`` per distinct layer sharding, costed once.
+"""The traced layer program: one shape-only training step per distinct layer sharding, costed once.
 
 A plan's step is its layers' step repeated, plus the embedding and the LM head. So the
-planner traces the model at one layer and at two layers under the plan's layer sharding
-(data, ZeRO stage, tensor, sequence and context parallelism, recomputation, the microbatch)
-and reads every quantity as the difference of the two runs (one layer) and the remainder
-(the embedding and head): times from the time line of the trace (:mod:`shardsim.cost.timeline`,
-on the plan's own placement), bytes from the mesh's ledger. Plans that share a layer sharding
+planner runs the training step (:class:`~shardsim.training.model_trainer.ModelTrainer`:
+``run_model``, then the optimizer update) shape-only at one layer and at two layers under
+the plan's layer sharding (data, ZeRO stage, tensor, sequence and context parallelism,
+recomputation, the microbatch) and reads every quantity as the difference of the two runs
+(one layer) and the remainder (the embedding and head): times from the time line of the
+forward and backward passes (:mod:`shardsim.cost.timeline`, on the plan's own placement),
+bytes from the mesh's ledger, the optimizer state (master weights and moments, as the byte
+policy keeps them) among them. Plans that share a layer sharding
 (the same layer at a different pipeline depth, schedule or placement) share the trace;
 :class:`LayerCache` holds them.
 
@@ -36,12 +39,15 @@ from ..cost.efficiency import Efficiency, resolve_efficiency
 from ..cost.hardware import Hardware
 from ..cost.placement import AxisLink, Placement, place
 from ..cost.presets import get_hardware
-from ..cost.program import program_steps, trace_steps
+from ..cost.program import _per_chip, program_steps, trace_steps
 from ..cost.timeline import Timeline, build_timeline
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..plans import Plan
 from ..tracing import Event, trace
+from ..training import policies
+from ..training.policies import BytePolicy
+from ..training.precision import Precision
 
 
 @dataclass(frozen=True)
@@ -65,11 +71,12 @@ class Layer:
 
     ``per_layer``/``edge``: :class:`Times` of one layer and of the embedding with the head;
     ``peak1``/``peak2``: each category's per-chip peak bytes at one and two layers (and
-    ``"total"``); ``stored``: bytes one layer keeps for the backward pass per microbatch;
-    ``flops``: one microbatch's model FLOPs per chip at one and two layers (the forward and
-    backward matmuls, recomputation left out, as MFU counts them); ``timeline``:
-    the two-layer program's time line (the picture of the layer's step); ``stored_params``
-    the weights' bytes a chip keeps between steps, as the plan's layouts store them.
+    ``"total"``) over the training step; ``state1``/``state2``: the model state (``params``,
+    ``grads``, ``optimizer``) live between the backward pass and the update; ``stored``:
+    bytes one layer keeps for the backward pass per microbatch; ``flops``: one microbatch's
+    model FLOPs per chip at one and two layers (the forward and backward matmuls,
+    recomputation left out, as MFU counts them); ``timeline``: the two-layer program's time
+    line (the picture of the layer's step).
     """
 
     per_layer: Times
@@ -79,44 +86,30 @@ class Layer:
     stored: int
     flops: tuple[int, int]
     timeline: Timeline
-    stored_params: tuple[int, int]  # weights a chip stores between steps, at one and two layers
-    reduced_grads: tuple[int, int]  # gradients a chip holds once reduced, at one and two layers
+    state1: dict[str, int]
+    state2: dict[str, int]
 
     def bytes_at(self, category: str, layers: int) -> int:
-        """The category's per-chip peak with ``layers`` layers, extended from the two traces
-        (``"stored params"``: the weights kept between steps; ``"reduced grads"``: the gradients
-        once reduced, as the update reads them)."""
-        if category == "stored params":
-            a, b = self.stored_params
-        elif category == "reduced grads":
-            a, b = self.reduced_grads
-        else:
-            a, b = self.peak1.get(category, 0), self.peak2.get(category, 0)
-        return int(a + (layers - 1) * (b - a))
+        """The category's per-chip peak over the step with ``layers`` layers, extended from the two traces."""
+        return _extend(self.peak1.get(category, 0), self.peak2.get(category, 0), layers)
+
+    def state_at(self, category: str, layers: int) -> int:
+        """The category's model state between the backward pass and the update with ``layers`` layers."""
+        return _extend(self.state1.get(category, 0), self.state2.get(category, 0), layers)
+
+
+def _extend(one: int, two: int, layers: int) -> int:
+    """A figure at ``layers`` layers from its values at one and two (each layer adds the same)."""
+    return int(one + (layers - 1) * (two - one))
 
 
 @dataclass(frozen=True)
 class _Run:
-    events: list[Event]
+    events: list[Event]  # the forward and backward passes (the update's are not timed: as estimate)
     peak: dict[str, int]
+    state: dict[str, int]
     stored: int
     flops: int
-    params: int
-    grads: int  # the gradients as the step leaves them (reduced; a ZeRO-2/3 chip's shard)
-
-
-def _stored(cfg: TransformerConfig, lp: Plan) -> int:
-    """Bytes of weights a chip stores between steps under the plan's layouts (its ZeRO-3 shard),
-    the busiest chip's: what the optimizer's state is kept for."""
-    from ..transformer.roles import Roles
-
-    roles, mesh = Roles.of(lp, cfg.n_kv), lp.mesh()
-    total = 0
-    for key, s in cfg.param_shapes().items():
-        w = shard(ShapeDtype(s, "bfloat16"), mesh, roles.weight_layout(key), label=key, category="params")
-        total += w.local_nbytes
-        del w
-    return total
 
 
 def trace_plan(plan: Plan) -> Plan:
@@ -124,17 +117,17 @@ def trace_plan(plan: Plan) -> Plan:
     over two data ranks. The program is the same at every data-parallel degree (each rank
     runs the same layer on its microbatch); the time line then times its collectives over
     the data axis on the plan's real placement, as a collective's bytes do not depend on how
-    many chips share it. Under ZeRO 0 and 1 every chip's bytes are the same at any degree;
-    under ZeRO-2 and 3 the planner traces four ranks too and reads the shards' bytes at the
+    many chips share it. Without ZeRO every chip's bytes are the same at any degree; under
+    ZeRO-1, 2 and 3 the planner traces four ranks too and reads the shards' bytes at the
     plan's degree off the two (a replicated part plus a part split ``1/dp``).
 
     >>> str(trace_plan(Plan.parse("dp=64,zero=1,tp=2,pp=4,microbatches=8")))
-    'dp=2,tp=2'
+    'dp=2,zero=1,tp=2'
     >>> str(trace_plan(Plan.parse("dp=64,zero=3,tp=2")))
     'dp=2,zero=3,tp=2'
     """
     lp = plan.replace(pp=1, microbatches=1, virtual_stages=1, schedule="1f1b", precision=None)
-    return lp.replace(zero=0 if lp.zero < 2 else lp.zero, dp=min(lp.dp, 2))
+    return lp.replace(dp=min(lp.dp, 2))
 
 
 def _at_dp(two: list[_Run], four: list[_Run], dp: int) -> list[_Run]:
@@ -146,7 +139,8 @@ def _at_dp(two: list[_Run], four: list[_Run], dp: int) -> list[_Run]:
     out = []
     for r2, r4 in zip(two, four):
         peak = {k: at(r2.peak.get(k, 0), r4.peak.get(k, 0)) for k in r2.peak}
-        out.append(_Run(r2.events, peak, r2.stored, r2.flops, at(r2.params, r4.params), at(r2.grads, r4.grads)))
+        state = {k: at(r2.state.get(k, 0), r4.state.get(k, 0)) for k in r2.state}
+        out.append(_Run(r2.events, peak, state, r2.stored, r2.flops))
     return out
 
 
@@ -169,7 +163,9 @@ class LayerCache:
     """Traced layer programs by layer sharding, and placements by mesh order, for one model on one hardware.
 
     ``efficiency`` and ``links`` are :func:`shardsim.cost.estimate`'s; ``seq`` the training
-    sequence length. :attr:`traced` counts the distinct layer shardings traced so far.
+    sequence length; ``policy`` the training step's byte policy (:mod:`shardsim.training.policies`;
+    default :func:`~shardsim.training.model_memory`'s: bf16 weights, float32 master weights
+    and Adam moments). :attr:`traced` counts the distinct layer shardings traced so far.
     """
 
     def __init__(
@@ -181,8 +177,13 @@ class LayerCache:
         efficiency: str | Efficiency = "calibrated",
         links: Mapping[str, str | AxisLink] | None = None,
         topology: str | Sequence[int] | None = None,
+        policy: str | BytePolicy | None = None,
     ) -> None:
         self.model, self.hw, self.seq = model, get_hardware(hardware), seq
+        chosen = None if policy is None else policies.get(policy)
+        self.policy = chosen
+        self.precision = Precision.of("bf16") if chosen is None else chosen.precision
+        self.optimizer = "adam" if chosen is None else chosen.optimizer
         self.efficiency, self.links, self.topology = efficiency, links, topology
         self._layers: dict[tuple[Any, ...], Layer] = {}
         self._programs: dict[tuple[str, int], list[_Run]] = {}
@@ -224,7 +225,7 @@ class LayerCache:
         key = (str(lp), micro, plan.dp, tuple(pl.axis_sizes.items()))
         if key not in self._layers:
             runs = self._runs(lp, micro)
-            if lp.zero >= 2 and plan.dp > 2:  # the shards' bytes at the plan's own data-parallel degree
+            if lp.zero >= 1 and plan.dp > 2:  # the shards' bytes at the plan's own data-parallel degree
                 runs = _at_dp(runs, self._runs(lp.replace(dp=4), micro), plan.dp)
             self._layers[key] = self._cost(runs, pl, eff)
         return self._layers[key]
@@ -235,23 +236,23 @@ class LayerCache:
         return self._programs[(str(lp), micro)]
 
     def _trace(self, lp: Plan, micro: int) -> list[_Run]:
-        """The two shape-only runs (one layer, two layers) of the layer program."""
-        from ..transformer.run import run_model
+        """The two shape-only training steps (one layer, two layers) of the layer program."""
+        from ..training.model_trainer import ModelTrainer
 
         self.traced += 1
         runs = []
+        dtype = self.precision.compute
         for layers in (1, 2):
             cfg = self.model.scaled(layers=layers, seq=max(self.seq, self.model.seq), name="")
-            params = {k: ShapeDtype(s, "bfloat16") for k, s in cfg.param_shapes().items()}
-            tok = ShapeDtype((lp.dp * micro, self.seq), "int32")
-            res = run_model(cfg, lp, lp.mesh(), params, tok, tok)
-            mem = res.memory
-            peak = {c: int(mem.peak(c).max()) for c in mem.categories()}
-            peak["total"] = int(mem.peak().max())
-            events = list(res.trace.events)
+            params = {k: ShapeDtype(s, dtype) for k, s in cfg.param_shapes().items()}
+            tok = ShapeDtype((lp.dp * lp.ep * micro, self.seq), "int32")
+            trainer = ModelTrainer(cfg, lp, lp.mesh(), params, self.optimizer, precision=self.precision)
+            res = trainer.step(tok, tok)
+            events = [e for e in res.trace.events if e.phase != "optimizer"]
             flops = sum(e.flops for e in events if e.phase != "recompute")
-            grads = sum(g.local_nbytes for g in res.sharded_grads.values())
-            runs.append(_Run(events, peak, int(res.stored[0].max()), flops, _stored(cfg, lp), grads))
+            stored = int(res.stored_activations.max())  # the one-layer run's is one layer's
+            runs.append(_Run(events, _per_chip(res.memory), _per_chip(res.model_state), stored, flops))
+            del trainer, res
         return runs
 
     def _cost(self, runs: list[_Run], pl: Placement, eff: Efficiency) -> Layer:
@@ -259,15 +260,16 @@ class LayerCache:
         per = t2 - t1
         p1, p2 = runs[0].peak, runs[1].peak
         return Layer(
-            per, t1 - per, p1, p2, runs[0].stored, (runs[0].flops, runs[1].flops), tl,
-            (runs[0].params, runs[1].params), (runs[0].grads, runs[1].grads),
-        )  # fmt: skip
+            per, t1 - per, p1, p2, runs[0].stored, (runs[0].flops, runs[1].flops), tl, runs[0].state, runs[1].state
+        )
 
     def _times(self, events: Sequence[Event], pl: Placement, eff: Efficiency) -> tuple[Times, Timeline]:
         """Two time lines: the microbatch's work alone, and with the gradient reductions (the
         last microbatch's backward, overlapping them); the forward ends where its last bar does."""
-        work = build_timeline(program_steps([e for e in events if not is_sync(e)]), self.hw, pl, efficiency=eff)
-        whole = build_timeline(program_steps(events), self.hw, pl, efficiency=eff)
+        alone = [e for e in events if not is_sync(e)]
+        work = build_timeline(program_steps(alone), self.hw, pl, efficiency=eff)
+        synced = len(alone) < len(events)  # no gradient reduction (one data rank): one time line serves
+        whole = build_timeline(program_steps(events), self.hw, pl, efficiency=eff) if synced else work
         fwd = max((b.end for b in work.bars if b.phase == "forward"), default=0.0)
         fwd_whole = max((b.end for b in whole.bars if b.phase == "forward"), default=0.0)
         sync = sum(b.seconds for b in whole.bars if is_sync(events[b.index]))
@@ -280,12 +282,13 @@ class LayerCache:
         if plan.pp == 1:
             return 0.0
         pl, eff = self.placement(plan, order)
-        key = (plan.dp, plan.tp, plan.sp, plan.cp, plan.pp, micro, tuple(pl.axis_sizes))
+        key = (plan.dp, plan.tp, plan.sp, plan.cp, plan.ep, plan.pp, micro, tuple(pl.axis_sizes))
         if key not in self._p2p:
+            from ..transformer.roles import Roles
+
             mesh = Mesh(dict(pl.axis_sizes))
-            b = "B_data" if plan.dp > 1 else "B"
-            s = "S_model" if plan.sp else "S"
-            x = shard(ShapeDtype((plan.dp * micro, self.seq, self.model.d_model), "bfloat16"), mesh, f"{b} {s} D")
+            shape = (plan.dp * plan.ep * micro, self.seq, self.model.d_model)
+            x = shard(ShapeDtype(shape, self.precision.compute), mesh, Roles.of(plan, self.model.n_kv).act())
             with trace() as t:
                 ppermute(x, "pipe", 1, label="x")
             self._p2p[key] = build_timeline(trace_steps(t), self.hw, pl, efficiency=eff).step_s

@@ -27,15 +27,17 @@ from ..cost.efficiency import Efficiency
 from ..cost.hardware import Hardware, Switched, Torus
 from ..cost.placement import AxisLink, place
 from ..cost.presets import get_hardware
-from ..errors import CostModelError, PlannerError, ShardsimError
+from ..errors import CostModelError, PlanError, PlannerError, ShardsimError
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..models.presets import get as get_model
-from .bounds import memory_bound, stage_bound, time_bound
+from ..training import policies
+from ..training.policies import BytePolicy
+from .bounds import memory_bound, stage_bound, state_bytes, time_bound
 from .evaluate import PlanEstimate, evaluate
 from .program import LayerCache
 from .progress import Progress
-from .space import Candidate, Constraints, candidates
+from .space import PARALLELISMS, Candidate, Constraints, candidates
 from .table import PlanTable, Rejection
 
 
@@ -51,6 +53,8 @@ def plan(
     topology: str | Sequence[int] | None = None,
     window: float = 0.15,
     progress: bool | None = None,
+    policy: str | BytePolicy | None = None,
+    cache: LayerCache | None = None,
     **constraints: Any,
 ) -> PlanTable:
     """The plans of ``model`` on ``chips`` chips of ``hardware`` that fit, fastest first.
@@ -60,15 +64,27 @@ def plan(
     ``recompute="full"``, ``schedule="interleaved"``...) or limit the space (``allow``,
     ``headroom``, ``batch_range``, ``micro_range``, ``tp_max``; :class:`~.space.Constraints`).
     ``window``: the table keeps every plan within this fraction of the best's time per token.
-    ``progress``: a counter on stderr (default: when stderr is a terminal).
+    ``progress``: a counter on stderr (default: when stderr is a terminal). ``policy``: the
+    training step's byte policy (:mod:`shardsim.training.policies`; default bf16 weights with
+    float32 master weights and Adam moments), whose ledger gives every plan's memory; a policy
+    that names a ZeRO stage (``megatron``: 0, ``megatron-distributed``: 1) holds the search to it.
+    ``cache``: a :class:`~.program.LayerCache` whose traced layer programs this search reuses
+    and adds to (searches of one model on one hardware at one sequence and byte policy, e.g.
+    at several chip counts, share their traces); by default a fresh one.
     """
     t0 = time.perf_counter()
     cfg = get_model(model) if isinstance(model, str) else model
     hw = get_hardware(hardware)
     seq = cfg.seq if seq is None else seq
+    chosen = _policy(policy, constraints)
     cons = Constraints.of(**constraints)
     _check_inputs(cfg, hw, chips, batch_tokens, seq, cons, links, topology)
-    cache = LayerCache(cfg, hw, seq=seq, efficiency=efficiency, links=links, topology=topology)
+    if cache is None:
+        cache = LayerCache(cfg, hw, seq=seq, efficiency=efficiency, links=links, topology=topology, policy=chosen)
+    else:
+        _check_cache(cache, cfg, hw, seq, efficiency, links, topology, chosen)
+    traced = cache.traced
+    state = state_bytes(chosen)
     domain = _fast_domain(hw, chips)
     space = list(candidates(cfg, chips=chips, batch_tokens=batch_tokens, seq=seq, domain=domain, constraints=cons))
     if not space:
@@ -81,7 +97,7 @@ def plan(
     ranked: list[tuple[float, Candidate]] = []
     _, eff = cache.placement(space[0].plan)
     for c in space:
-        need = memory_bound(cfg, c, seq=seq)
+        need = memory_bound(cfg, c, seq=seq, state=state)
         if need > usable:
             rejected.append(Rejection(c, "memory", need - usable, None))
             continue
@@ -105,7 +121,7 @@ def plan(
             if c.plan.pp > 1:  # the traced layer bounds the schedule before its clock runs
                 lay = cache.layer(c.plan, c.micro, c.order)
                 per = lay.per_layer
-                lb = stage_bound(cfg, c, per.fwd + per.bwd, per.sync) / c.tokens(seq)
+                lb = stage_bound(cfg, c, per.fwd + per.bwd) / c.tokens(seq)
                 if lb >= best * (1 + window):
                     rejected.append(Rejection(c, "bound", lb / best - 1, lb * c.tokens(seq)))
                     continue
@@ -119,8 +135,8 @@ def plan(
         else:
             kept.append(est)
             best = min(best, est.step_s / est.tokens)
-        bar.update(considered=done + i, traced=cache.traced, kept=len(kept))
-    bar.update(considered=len(space), traced=cache.traced, kept=len(kept), force=True)
+        bar.update(considered=done + i, traced=cache.traced - traced, kept=len(kept))
+    bar.update(considered=len(space), traced=cache.traced - traced, kept=len(kept), force=True)
     bar.close()
     kept.sort(key=lambda e: (e.step_s / e.tokens, e.memory["total"]))
     unique: dict[tuple[str, int], PlanEstimate] = {}
@@ -130,11 +146,50 @@ def plan(
         else:
             rejected.append(Rejection(e.candidate, "slower", e.step_s / e.tokens / best - 1, e.step_s, e.bound))
     kept = list(unique.values())
-    table = PlanTable(cfg, hw, chips, batch_tokens, seq, kept, rejected, len(space), cache.traced,
+    table = PlanTable(cfg, hw, chips, batch_tokens, seq, kept, rejected, len(space), cache.traced - traced,
                       time.perf_counter() - t0, cons, window)  # fmt: skip
     if not kept:
         raise PlannerError(table.no_plan_reason())
     return table
+
+
+def _policy(policy: str | BytePolicy | None, constraints: dict[str, Any]) -> BytePolicy | None:
+    """The byte policy, checked; one that names a ZeRO stage fixes ``zero`` in ``constraints``."""
+    if policy is None:
+        return None
+    try:
+        chosen = policies.get(policy)
+    except PlanError as err:
+        raise PlannerError(f"policy={policy!r}: {err}") from None
+    if chosen.zero is not None and constraints.setdefault("zero", chosen.zero) != chosen.zero:
+        raise PlannerError(
+            f"policy={chosen.name!r} counts ZeRO stage {chosen.zero} but zero={constraints['zero']} is fixed; "
+            "drop one of the two"
+        )
+    return chosen
+
+
+def _check_cache(
+    cache: LayerCache,
+    cfg: TransformerConfig,
+    hw: Hardware,
+    seq: int,
+    efficiency: str | Efficiency,
+    links: Mapping[str, str | AxisLink] | None,
+    topology: str | Sequence[int] | None,
+    policy: BytePolicy | None,
+) -> None:
+    """A shared cache must hold this search's programs: the same model, hardware, sequence,
+    efficiency, links, topology and byte policy."""
+    mine = (cfg, hw.name, seq, efficiency, links, topology, policy)
+    theirs = (cache.model, cache.hw.name, cache.seq, cache.efficiency, cache.links, cache.topology, cache.policy)
+    names = ("model", "hardware", "seq", "efficiency", "links", "topology", "policy")
+    for name, a, b in zip(names, mine, theirs):
+        if a != b:
+            raise PlannerError(
+                f"cache= holds the layer programs of another search ({name} {b!r:.60}, not {a!r:.60}); "
+                "pass a LayerCache built for this one, or none"
+            )
 
 
 def _fast_domain(hw: Hardware, chips: int) -> int:
@@ -181,7 +236,7 @@ def _check_inputs(
 
 def _constraint_text(cons: Constraints, batch_tokens: int, seq: int) -> str:
     parts = [f"{k}={v}" for k, v in cons.fixed.items()]
-    if tuple(cons.allow) != ("dp", "zero", "tp", "sp", "pp", "cp"):
+    if tuple(cons.allow) != PARALLELISMS:
         parts.append(f"allow={list(cons.allow)}")
     parts.append(f"batch {batch_tokens // seq} sequences of {seq}")
     parts.append(f"microbatch {cons.micro_range[0]}..{cons.micro_range[1]}")

@@ -1,19 +1,23 @@
 """The plan space: every way to shard a model on a cluster that the constraints allow.
 
 A :class:`Candidate` is a :class:`~shardsim.plans.Plan` with the three things a plan alone
-does not say: ``micro``, the sequences one data-parallel rank runs at once (the microbatch;
-``plan.microbatches`` of them make the rank's share of the global batch), ``batch``, the
+does not say: ``micro``, the sequences one data-parallel rank (one rank of data x expert
+under expert parallelism) runs at once (the microbatch; ``plan.microbatches`` of them make
+the rank's share of the global batch), ``batch``, the
 global batch in sequences, and ``order``, the mesh axes outermost first, which decides the
 network each parallelism runs over (the innermost on NVLink or the fastest torus rings).
 
 The space (Narayanan et al. 2021, §3): tensor parallelism ``tp`` dividing the heads, the
 MLP width and the vocabulary (with Megatron's rule for the KV heads), with and without
-sequence parallelism; context parallelism ``cp`` where the sequence splits; pipeline depth
+sequence parallelism; context parallelism ``cp`` where the sequence splits (inside a
+pipeline too); expert parallelism ``ep`` dividing a mixture of experts' experts (which
+``run_model`` runs with ZeRO 0 and 1 and without context parallelism); pipeline depth
 ``pp`` whose stages hold whole layers (the first and last stage may hold one layer less,
-as Llama 3 balances the embedding and the head); the data-parallel degree that remains and
-its ZeRO stage (2 and 3 only without a pipeline, as Megatron and DeepSpeed run them); the
-schedule (1F1B, GPipe, interleaved with 2, 4... chunks); the microbatch; recomputation; and
-with a pipeline and data parallelism both across nodes, which of the two is outermost.
+as Llama 3 balances the embedding and the head; not for tied embeddings, which
+``run_model`` does not pipeline); the data-parallel degree that remains and its ZeRO stage
+(2 and 3 only without a pipeline); the schedule (1F1B, GPipe, interleaved with 2, 4...
+chunks); the microbatch; recomputation; and with a pipeline and data parallelism both
+across nodes, which of the two is outermost.
 
 >>> from shardsim.models import get
 >>> cands = list(candidates(get("gpt-tiny"), chips=4, batch_tokens=8 * 16, seq=16, domain=8))
@@ -35,8 +39,9 @@ from ..errors import PlannerError
 from ..models import TransformerConfig
 from ..plans import RECOMPUTE, Plan
 
-PARALLELISMS = ("dp", "zero", "tp", "sp", "pp", "cp")
-FIXABLE = ("dp", "zero", "tp", "sp", "pp", "cp", "schedule", "virtual_stages", "microbatches", "recompute")
+PARALLELISMS = ("dp", "zero", "tp", "sp", "pp", "cp", "ep")
+FIXABLE = ("dp", "zero", "tp", "sp", "pp", "cp", "ep", "schedule", "virtual_stages", "microbatches", "recompute")
+DEGREES = ("dp", "tp", "pp", "cp", "ep")
 DEFAULT_ORDER = ("data", "pipe", "context", "expert", "model")  # Plan.mesh()'s order: TP innermost
 DATA_INSIDE = ("pipe", "data", "context", "expert", "model")  # Megatron's rank order: DP inside PP
 
@@ -73,12 +78,13 @@ class Constraints:
     parallelisms that may be used (the others stay at degree 1 / off; ``"zero"`` and ``"sp"``
     count as parallelisms); ``headroom``: the fraction of each chip's memory to leave free;
     ``batch_range``: the global batch in tokens may be any multiple of the sequence in this
-    range (default: exactly ``batch_tokens``); ``micro_range``: sequences per microbatch;
-    ``tp_max``: the largest tensor-parallel degree (default the fast domain: TP within the
-    NVLink domain; raise it to weigh TP across the slow network); ``cp_max``: the largest
-    context-parallel degree (default one chip per 4,096 tokens of the sequence). Sequence
-    parallelism is on wherever TP is (it stores less for the same communication,
-    Korthikanti et al. 2022) unless ``sp`` is fixed.
+    range (default: exactly ``batch_tokens``); ``micro_range``: sequences per microbatch
+    (default 1 to 64; the memory bound prunes the large ones); ``tp_max``: the largest
+    tensor-parallel degree (default the fast domain: TP within the NVLink domain; raise it to
+    weigh TP across the slow network); ``cp_max``: the largest context-parallel degree
+    (default one chip per 8,192 tokens of the sequence, as Llama 3 ran CP 16 at 131,072
+    tokens; none for a mixture of experts). Sequence parallelism is searched on
+    and off wherever TP is, unless ``sp`` is fixed.
 
     >>> Constraints.of(tp=8, headroom=0.1).fixed
     {'tp': 8}
@@ -88,7 +94,7 @@ class Constraints:
     allow: tuple[str, ...] = PARALLELISMS
     headroom: float = 0.0
     batch_range: tuple[int, int] | None = None
-    micro_range: tuple[int, int] = (1, 4)
+    micro_range: tuple[int, int] = (1, 64)
     tp_max: int | None = None
     cp_max: int | None = None
 
@@ -126,9 +132,9 @@ class Constraints:
                     f"{key}={value} is fixed but {key!r} is not among the allowed parallelisms {list(self.allow)}; "
                     f"drop one of the two"
                 )
-        degrees = [self.fixed.get(k, 1) for k in ("dp", "tp", "pp", "cp")]
+        degrees = [self.fixed.get(k, 1) for k in DEGREES]
         if all(isinstance(d, int) for d in degrees) and chips % math.prod(degrees):
-            named = " x ".join(f"{k}={self.fixed[k]}" for k in ("dp", "tp", "pp", "cp") if k in self.fixed)
+            named = " x ".join(f"{k}={self.fixed[k]}" for k in DEGREES if k in self.fixed)
             raise PlannerError(
                 f"the fixed degrees {named} = {math.prod(degrees)} do not divide {chips} chips; "
                 "change a degree or the chip count"
@@ -216,26 +222,43 @@ def candidates(
     """Every candidate of the space (module doc); ``domain`` is the fast network's chip count."""
     c = constraints or Constraints()
     tp_max = c.tp_max or domain
-    cp_max = c.cp_max or max(1, seq // 4096)
+    cp_max = 1 if model.experts else c.cp_max or max(1, seq // 8192)  # the router needs whole sequences
     opt = c.options
     for tp in opt("tp", tp_degrees(model, chips, tp_max if "tp" not in c.fixed else chips)):
         cps = [d for d in divisors(chips // tp) if (seq % (2 * d) == 0 and d <= cp_max) or d == 1]
         for cp in opt("cp", cps if "cp" not in c.fixed else divisors(chips // tp)):
-            pps = [p for p in divisors(chips // (tp * cp)) if p == 1 or (cp == 1 and not model.tie_embeddings)]
-            for pp in opt("pp", [p for p in pps if stage_layers(model.layers, p) is not None]):
-                dp = chips // (tp * cp * pp)
-                if opt("dp", [dp]) != [dp]:
-                    continue
-                zeros = [0, 1, 2, 3] if pp == 1 else [0, 1]
-                zeros = [z for z in zeros if z == 0 or dp > 1]
-                zeros = [z for z in zeros if z < 3 or model.d_model % dp == 0]
-                for zero in opt("zero", zeros):
-                    for sp in opt("sp", ([False, True] if "sp" in c.fixed else [True]) if tp > 1 else [False]):
-                        if sp and seq % (tp * cp):
-                            continue
-                        for recompute in opt("recompute", list(RECOMPUTE)):
-                            base = Plan(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp, cp=cp, recompute=recompute)
-                            yield from _batches(model, base, batch_tokens, seq, c, orders)
+            eps = [e for e in divisors(chips // (tp * cp)) if model.experts % e == 0] if model.experts else [1]
+            for ep in opt("ep", eps):
+                pps = [p for p in divisors(chips // (tp * cp * ep)) if p == 1 or not model.tie_embeddings]
+                for pp in opt("pp", [p for p in pps if stage_layers(model.layers, p) is not None]):
+                    dp = chips // (tp * cp * ep * pp)
+                    if opt("dp", [dp]) == [dp]:
+                        degrees = Plan(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
+                        yield from _sharded(model, degrees, batch_tokens, seq, c, orders)
+
+
+def _sharded(
+    model: TransformerConfig,
+    degrees: Plan,
+    batch_tokens: int,
+    seq: int,
+    c: Constraints,
+    orders: Sequence[tuple[str, ...]],
+) -> Iterator[Candidate]:
+    """The ZeRO stages, sequence parallelism and recomputation policies of one set of degrees."""
+    dp, tp, cp = degrees.dp, degrees.tp, degrees.cp
+    # ZeRO-2/3 without a pipeline only: the layer program reduces their gradients once a step,
+    # where each of a pipeline's microbatches would reduce-scatter its own (or hold them whole)
+    stages = (0, 1, 2, 3) if degrees.pp == 1 else (0, 1)
+    zeros = [z for z in stages if z == 0 or (dp > 1 and model.d_model % dp == 0)]  # the state splits D
+    zeros = [z for z in zeros if z < 2 or not model.experts]  # the experts' gradients are reduced in the block
+    for zero in c.options("zero", zeros):
+        for sp in c.options("sp", [False, True] if tp > 1 else [False]):
+            if sp and seq % (tp * cp):
+                continue
+            for recompute in c.options("recompute", list(RECOMPUTE)):
+                base = degrees.replace(zero=zero, sp=sp, recompute=recompute)
+                yield from _batches(model, base, batch_tokens, seq, c, orders)
 
 
 def _batches(
@@ -247,8 +270,9 @@ def _batches(
     orders: Sequence[tuple[str, ...]],
 ) -> Iterator[Candidate]:
     lo, hi = c.micro_range
-    for batch in batch_sizes(batch_tokens, seq, base.dp, c.batch_range):
-        per_rank = batch // base.dp
+    ranks = base.dp * base.ep  # outside the experts the expert axis splits the batch too
+    for batch in batch_sizes(batch_tokens, seq, ranks, c.batch_range):
+        per_rank = batch // ranks
         for micro in [b for b in divisors(per_rank) if lo <= b <= hi]:
             m = per_rank // micro
             if c.options("microbatches", [m]) != [m]:

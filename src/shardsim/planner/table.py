@@ -45,14 +45,15 @@ class Rejection:
 
 
 def family(c: Candidate) -> str:
-    """The shape of a plan: its tensor, pipeline and context degrees (the large families).
+    """The shape of a plan: its tensor, pipeline and context degrees, and its expert degree
+    when it has one (the large families).
 
     >>> from shardsim.plans import Plan
-    >>> family(Candidate(Plan(dp=2, tp=4, pp=2), 1, 2))
-    'tp=4,pp=2,cp=1'
+    >>> family(Candidate(Plan(dp=2, tp=4, pp=2), 1, 2)), family(Candidate(Plan(ep=4), 1, 4))
+    ('tp=4,pp=2,cp=1', 'tp=1,pp=1,cp=1,ep=4')
     """
     p = c.plan
-    return f"tp={p.tp},pp={p.pp},cp={p.cp}"
+    return f"tp={p.tp},pp={p.pp},cp={p.cp}" + (f",ep={p.ep}" if p.ep > 1 else "")
 
 
 class PlanTable:
@@ -128,7 +129,7 @@ class PlanTable:
         )
 
     def families(self) -> list[tuple[str, str]]:
-        """Each large family (tp, pp, cp) with no kept plan, or whose best is slower, and why."""
+        """Each large family (tp, pp, cp and ep) with no kept plan, or whose best is slower, and why."""
         out: dict[str, list[Any]] = {}
         for r in self.rejected:
             out.setdefault(family(r.candidate), [0, []])[1].append(r)
@@ -271,7 +272,7 @@ class PlanTable:
 
 def _shape(e: PlanEstimate) -> tuple[int, ...]:
     p = e.plan
-    return (p.dp, p.tp, p.pp, p.cp, p.zero)
+    return (p.dp, p.tp, p.pp, p.cp, p.ep, p.zero)
 
 
 def _signed(seconds: float) -> str:
