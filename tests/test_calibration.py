@@ -115,8 +115,8 @@ def test_render_keeps_the_text_around_a_block_and_refuses_missing_markers():
 def test_calibrated_critical_batch_of_fsdp_on_256_a100s_by_hand():
     # the critical table's fsdp / a100 / 256 row. Forward: two AllGathers of V = 2 D F bytes,
     # NVLink level V 7/8 / 300e9 and scale-out level V 31/32 / (8 x 25e9), each at its plateau,
-    # the slower binds; plus NCCL's ring latency: 8.4 us, and 256 - 32 NVLink steps of 5.7 us
-    # and 32 - 1 network steps of 6.6 us. Against two matmuls of 2 b D F FLOPs at the MAMF
+    # the slower binds; plus NCCL's ring latency: 8.4 us, and 256 - 32 NVLink steps of 3.4 us
+    # and 32 - 1 network steps of 9.6 us. Against two matmuls of 2 b D F FLOPs at the MAMF
     # curve, each followed by k passes over its output ([b, F] then [b, D], bf16) at HBM bandwidth.
     d, f = 8192, 32768
     a100 = get_hardware("a100")
@@ -124,7 +124,7 @@ def test_calibrated_critical_batch_of_fsdp_on_256_a100s_by_hand():
     v = 2 * d * f
     nvlink = v * 7 / 8 / (300e9 * 235 / 300)
     scaleout = v * 31 / 32 / (8 * 25e9 * 24 / 25)
-    ring = 8.4e-6 + 224 * 5.7e-6 + 31 * 6.6e-6
+    ring = 8.4e-6 + 224 * 3.4e-6 + 31 * 9.6e-6
     t_comm = 2 * (max(nvlink, scaleout) + ring)
     k = eff.elementwise_passes
     assert k > 0
@@ -142,8 +142,8 @@ def test_calibrated_critical_batch_of_fsdp_on_256_a100s_by_hand():
 
 
 def test_ring_latency_grows_with_the_ring():
-    # NCCL's model: an AllGather over N A100s in nodes of 8 pays 8.4 us + (N - nodes) x 5.7 us
-    # + (nodes - 1) x 6.6 us on top of its bandwidth term; the ideal model pays neither
+    # NCCL's model: an AllGather over N A100s in nodes of 8 pays 8.4 us + (N - nodes) x 3.4 us
+    # + (nodes - 1) x 9.6 us on top of its bandwidth term; the ideal model pays neither
     a100 = get_hardware("a100")
     eff = resolve_efficiency(a100, "calibrated", ["nvlink", "scaleout"])
     v = 1e9
@@ -152,7 +152,7 @@ def test_ring_latency_grows_with_the_ring():
         route = place(a100, Mesh(X=n)).route("X")
         t = collective_time("all_gather", v, route, a100.ring, eff)
         bw = max(v * 7 / 8 / 235e9, v * (nodes - 1) / nodes / (8 * 24e9))
-        assert t.seconds == pytest.approx(bw + 8.4e-6 + (n - nodes) * 5.7e-6 + (nodes - 1) * 6.6e-6, rel=1e-9)
+        assert t.seconds == pytest.approx(bw + 8.4e-6 + (n - nodes) * 3.4e-6 + (nodes - 1) * 9.6e-6, rel=1e-9)
     assert CollectiveEfficiency(0.9, step_s=1e-6).step_s == 1e-6
     with pytest.raises(CostModelError, match="step_s"):
         CollectiveEfficiency(0.9, step_s=-1.0)

@@ -179,7 +179,7 @@ class Estimate:
 
         >>> from shardsim import Mesh
         >>> estimate("ddp", Mesh(X=8), "h100", 8 * 4096, 8192, 32768).bound_reason()  # doctest: +ELLIPSIS
-        'backward comm X ... ms <= FLOPs ... ms in the worst phase and axis'
+        '... comm ... ms <= FLOPs ... ms in the worst phase and axis'
         """
         terms = excess_terms(self.phases)
         if self.bound == "memory" or not terms:

@@ -80,7 +80,22 @@ MEASURED = (
     ),
     Measured(
         "h100", "AllReduce 58 MB, 8 GPUs (NVLink)", "all_reduce", (("X", 8),), "X",
-        58e6, "fit", "SB gpus.md: 58 MB AllReduce gets about 150 GB/s", busbw=150e9,
+        58e6, "check", "SB gpus.md: 58 MB AllReduce gets about 150 GB/s", busbw=150e9,
+    ),
+    Measured(
+        "h100", "AllReduce 8 KB, 8 GPUs (NVLink)", "all_reduce", (("X", 8),), "X",
+        8192, "check", "NVIDIA/dgxc-benchmarking nccl/README.md: DGX H100 all_reduce_perf, 17.40 us",
+        seconds=17.40e-6,
+    ),
+    Measured(
+        "h100", "AllReduce 64 MB, 8 GPUs (NVLink)", "all_reduce", (("X", 8),), "X",
+        2**26, "check", "NVIDIA/dgxc-benchmarking nccl/README.md: DGX H100 all_reduce_perf, 324.7 us",
+        seconds=324.7e-6,
+    ),
+    Measured(
+        "h100", "AllReduce 1 GiB, 8 GPUs (NVLink)", "all_reduce", (("X", 8),), "X",
+        2**30, "check", "NVIDIA/dgxc-benchmarking nccl/README.md: DGX H100 all_reduce_perf, 4,029 us (NVLS)",
+        seconds=4029.4e-6,
     ),
     Measured(
         "a100", "AllReduce 1 GiB, 8 GPUs (NVLink)", "all_reduce", (("X", 8),), "X",

@@ -35,19 +35,25 @@ MAMF = "ml-engineering MAMF table (bf16 / fp8 matmul, best over shapes)"
 # 2048/3) against the plateau 794.5 (torch-performance-test-data issue #79), so
 # I_half = (2048/3) (794.5 / 676.59 - 1) = 119 FLOPs per byte; other GPUs borrow it.
 HALF_INTENSITY = 119.0
-# 8 x H100 AllReduce bus bandwidth in a node (SB gpus.md): about 370 GB/s at about 10 GB and
-# 150 GB/s at 58 MB; busbw = a V / (V + h) through both points: a = 373.2 GB/s, h = 86.3 MB.
+# NCCL's own time model (src/graph/tuning.cc as of NCCL 2.8, the release of 2021's runs,
+# commit 01afd20a; Ring / Simple protocol, the one large messages use): a fixed base latency
+# of 8.4 us per collective plus 3.4 us per ring step over NVLink and 9.6 us per ring step
+# over the network, on top of size / bandwidth. A ring of N GPUs in nodes of 8 pays N - nodes
+# NVLink steps and nodes - 1 network steps (x 2 for AllReduce).
+NCCL_BASE_S, NCCL_NVLINK_STEP_S, NCCL_NET_STEP_S = 8.4e-6, 3.4e-6, 9.6e-6
+NCCL = "NCCL 2.8 tuning.cc: Ring/Simple latency 8.4 us + 3.4 us per NVLink step, 9.6 us per network step"
+# 8 x H100 AllReduce bus bandwidth in a node with NVLink SHARP off: about 370 GB/s at about
+# 10 GB (SB gpus.md; NCCL's ring reaches 365-370 GB/s on 2 to 8 H100s, NVIDIA/nccl issue 1455),
+# with NCCL's ring latency below it. The book's 150 GB/s at 58 MB is left as a check: NCCL's
+# own benchmark on a DGX H100 takes 325 us at 64 MB (NVIDIA/dgxc-benchmarking nccl/README.md),
+# where 150 GB/s would be 680 us.
 NVLINK_H100 = CollectiveEfficiency(
-    373.2e9 / 450e9, half_bytes=86.3e6, source="SB gpus.md: 8xH100 AllReduce busbw 370 GB/s at ~10 GB, 150 at 58 MB"
+    370e9 / 450e9,
+    launch_s=NCCL_BASE_S,
+    step_s=NCCL_NVLINK_STEP_S,
+    source="SB gpus.md: 8xH100 AllReduce busbw about 370 GB/s at ~10 GB (SHARP off); " + NCCL,
 )
 HOPPER = {"nvlink": NVLINK_H100}
-# NCCL's own time model (src/graph/tuning.cc, Ring / Simple protocol, the one large
-# messages use): a fixed base latency of 8.4 us per collective plus 5.7 us per ring step
-# over NVLink and 6.6 us per ring step over the network, on top of size / bandwidth. The
-# A100 and scale-out curves take these instead of a borrowed ramp: a ring of N GPUs in
-# nodes of 8 pays N - nodes NVLink steps and nodes - 1 network steps (x 2 for AllReduce).
-NCCL_BASE_S, NCCL_NVLINK_STEP_S, NCCL_NET_STEP_S = 8.4e-6, 5.7e-6, 6.6e-6
-NCCL = "NCCL tuning.cc: ring latency 8.4 us + 5.7 us per NVLink step, 6.6 us per network step"
 # 8 x A100 nccl-tests all_reduce: 235 GB/s busbw of 300 GB/s one way (ml-engineering,
 # network/README). At 8 GPUs NCCL's latency is half the plateau's time at V = 11.8 MB.
 NVLINK_A100 = CollectiveEfficiency(
@@ -79,9 +85,10 @@ ICI = CollectiveEfficiency(1.0, half_bytes=10e6 * (1 / 0.95 - 1), source="SB sha
 # gradient accumulation) read and write the matmuls' outputs: k HBM passes over each matmul's
 # output bytes. No source measures k per chip, so it is fitted to the end-to-end runs of
 # docs/calibration.md (cost.calibration.fit_elementwise_passes over the rows marked "fit";
-# every other row is a check). A100: PTD-P Table 1 rows 1-4. H100: Llama 3 Table 4 row 1
-# gives 0 (without it the model is already slower than measured).
+# every other row is a check). A100: PTD-P Table 1 rows 1-4 (8.766). H100: Llama 3 Table 4
+# row 1 (0.078): the measured curves alone leave the model a little faster than that run.
 ELEMENTWISE_PASSES_A100 = 8.76
+ELEMENTWISE_PASSES_H100 = 0.08
 
 
 def _tpu(
@@ -230,8 +237,8 @@ _PRESETS: dict[str, Hardware] = {
             calibration=Calibration(
                 _mamf(794.5 / 989, 1402.6 / 1979),
                 {**HOPPER, "scaleout": SCALEOUT_NDR},
-                source="elementwise_passes fitted to Llama 3 Table 4 row 1: 0, the model is slower than measured "
-                "without it",
+                ELEMENTWISE_PASSES_H100,
+                "elementwise_passes fitted to Llama 3 Table 4 row 1 (docs/calibration.md)",
             ),
         ),
         _gpu(
