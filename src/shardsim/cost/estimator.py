@@ -178,8 +178,8 @@ class Estimate:
         collectives come closest to (or past) its matmuls' FLOPs time, or the HBM time.
 
         >>> from shardsim import Mesh
-        >>> estimate("ddp", Mesh(X=8), "h100", 8 * 4096, 8192, 32768).bound_reason()  # doctest: +ELLIPSIS
-        '... comm ... ms <= FLOPs ... ms in the worst phase and axis'
+        >>> estimate("fsdp", Mesh(X=8), "h100", 8 * 4096, 8192, 32768).bound_reason()  # doctest: +ELLIPSIS
+        'forward comm X ... ms <= FLOPs ... ms in the worst phase and axis'
         """
         terms = excess_terms(self.phases)
         if self.bound == "memory" or not terms:
