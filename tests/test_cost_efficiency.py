@@ -15,6 +15,7 @@ import pytest
 from finite_differences import root
 from shardsim import CostModelError, Mesh
 from shardsim.cost import (
+    AttentionEfficiency,
     Calibration,
     CalibrationWarning,
     CollectiveEfficiency,
@@ -29,6 +30,7 @@ from shardsim.cost import (
     matmul_time,
     place,
     resolve_efficiency,
+    timeline_of,
 )
 from shardsim.cost.critical import critical_table
 from shardsim.cost.crossover import crossover_both
@@ -113,7 +115,8 @@ def test_calibrated_is_the_default_and_says_so():
     (line,) = [ln for ln in est.summary().splitlines() if ln.startswith("efficiency")]
     assert line == (
         "efficiency calibrated (matmul up to 80.3% of peak, nvlink up to 82.2% of link rate, "
-        "untimed kernels 0.08 HBM passes over each matmul output)"
+        "untimed kernels 0.08 HBM passes over each matmul output, "
+        "fused attention 65.5% / 56.7% of peak forward / backward)"
     )
     ideal = estimate("fsdp", Mesh(X=8), "h100", 8 * 4096, 8192, 32768, efficiency="ideal")
     assert est.step_s > ideal.step_s and est.mfu < ideal.mfu
@@ -127,6 +130,59 @@ def test_efficiency_above_peak_is_an_error():
         MatmulEfficiency(0.8, by_dtype={"float8_e4m3fn": 1.5})
     with pytest.raises(CostModelError, match="'fast'"):
         estimate("fsdp", Mesh(X=8), "h100", 8 * 4096, 8192, 32768, efficiency="fast")
+    with pytest.raises(CostModelError, match=r"backward = 1.2: an efficiency is a fraction of peak"):
+        AttentionEfficiency(0.6, 1.2)
+
+
+def _context_attention_trace(method):
+    """Causal context-parallel attention, forward and backward, on 4 chips of the context axis."""
+    import numpy as np
+
+    import shardsim as ss
+    from shardsim.context import balanced_order, context_attention, context_attention_backward
+
+    mesh = ss.Mesh(C=4)
+    B, S, N, H = 1, 64, 2, 16
+    rng = np.random.default_rng(0)
+    q, k, v, do = rng.standard_normal((4, B, S, N, H))
+    order = balanced_order(S, 4)
+
+    def shard(x):
+        return ss.shard(x[:, order], mesh, "B S_C N H")
+
+    positions = ss.shard(order, mesh, "[S_C]")
+    with ss.trace() as t:
+        _, saved = context_attention(shard(q), shard(k), shard(v), positions, axis="C", method=method)
+        with ss.tracing.phase("backward"):
+            context_attention_backward(saved, shard(do))
+    return t, mesh
+
+
+@pytest.mark.parametrize("method", ["ring", "all_gather"])
+def test_fused_attention_blocks_run_at_the_kernels_measured_rate(method):
+    """Context-parallel attention is FlashAttention's algorithm (online softmax, scores
+    recomputed in the backward pass): on a chip with a measured fused-attention rate each of
+    its block matmuls takes FLOPs / (peak x the rate of its pass), with no untimed passes
+    after it; on a chip without one (the A100) they stay on the matmul curve."""
+    t, mesh = _context_attention_trace(method)
+    blocks = [e for e in t.events if e.kernel == "attention"]
+    assert {e.phase for e in blocks} == {"forward", "backward"} and all(e.op == "matmul" for e in blocks)
+    h100 = timeline_of(t, "h100", mesh, efficiency="calibrated")
+    for b in h100.bars:
+        e = t.events[b.index]
+        if e.kernel == "attention":
+            rate = {"forward": 648e12, "backward": 561e12}[e.phase]
+            assert b.seconds == pytest.approx(e.flops / rate, rel=1e-12) and b.untimed_s == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        a100 = timeline_of(t, "a100", mesh, efficiency="calibrated")
+    eff = _quiet("a100")
+    hw = get_hardware("a100")
+    for b in a100.bars:
+        e = t.events[b.index]
+        if e.kernel == "attention":
+            on_curve = matmul_time(e.flops, e.hbm_bytes, hw, "float64", eff).seconds
+            assert b.seconds == pytest.approx(on_curve + b.untimed_s, rel=1e-12) and b.untimed_s > 0
 
 
 def test_missing_calibration_warns_naming_what_is_missing():

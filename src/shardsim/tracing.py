@@ -55,6 +55,8 @@ class Event:
     does (-1 outside any layer: embedding, head, loss); ``item`` the pipeline schedule's unit
     of work it belongs to (``"F2.0"``: forward of virtual stage 2 on microbatch 0; ``""``
     without a pipeline). A cost model reads both to rebuild a deep program from a shallow one.
+    ``kernel`` is ``"attention"`` for a block matmul of fused (online-softmax) attention, whose
+    scores stay on chip (:mod:`shardsim.context`); ``""`` for any other step.
     """
 
     index: int
@@ -77,6 +79,7 @@ class Event:
     where: str = ""
     layer: int = -1
     item: str = ""
+    kernel: str = ""
 
     @property
     def is_collective(self) -> bool:

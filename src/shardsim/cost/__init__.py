@@ -28,6 +28,7 @@ from .cli import (
 from .collectives import CommTime, collective_time
 from .critical import Critical, CriticalPair, axis_bandwidth, best_split, critical_batch, critical_both, scheme_mesh
 from .efficiency import (
+    AttentionEfficiency,
     Calibration,
     CalibrationWarning,
     CollectiveEfficiency,
@@ -46,6 +47,7 @@ from .roofline import Roofline, matmul_critical_batch, matmul_time
 from .timeline import Bar, Timeline, build_timeline, timeline_of
 
 __all__ = [
+    "AttentionEfficiency",
     "AxisLink",
     "Bar",
     "Calibration",

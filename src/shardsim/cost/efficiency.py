@@ -128,10 +128,36 @@ class CollectiveEfficiency:
 
 
 @dataclass(frozen=True)
+class AttentionEfficiency:
+    """Achieved over peak FLOP/s of a fused attention kernel (FlashAttention: the scores never
+    leave the chip), ``forward`` and ``backward`` (the backward recomputes the scores); the
+    measured rate at long sequences. ``source`` says where the numbers come from.
+
+    >>> AttentionEfficiency(0.6, 1.1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    shardsim.errors.CostModelError: backward = 1.1: an efficiency is a fraction of peak, above 0 and at most 1; ...
+    """
+
+    forward: float
+    backward: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _fraction("forward", self.forward)
+        _fraction("backward", self.backward)
+
+    def fraction(self, phase: str) -> float:
+        """The rate of a block in ``phase`` (a recomputed forward runs the forward kernel)."""
+        return self.backward if phase == "backward" else self.forward
+
+
+@dataclass(frozen=True)
 class Calibration:
     """A chip's measured curves: ``matmul``, one :class:`CollectiveEfficiency` per network name,
-    and ``elementwise_passes``, the HBM passes the untimed kernels make over each matmul's
-    output (``source`` says where from).
+    ``elementwise_passes``, the HBM passes the untimed kernels make over each matmul's
+    output (``source`` says where from), and ``attention``, the fused attention kernel's rate
+    (None: its block matmuls run on the matmul curve, their scores written to HBM).
 
     >>> Calibration(elementwise_passes=-0.1)
     Traceback (most recent call last):
@@ -143,6 +169,7 @@ class Calibration:
     networks: Mapping[str, CollectiveEfficiency] = field(default_factory=dict)
     elementwise_passes: float = 0.0
     source: str = ""
+    attention: AttentionEfficiency | None = None
 
     def __post_init__(self) -> None:
         _non_negative("elementwise_passes", self.elementwise_passes)
@@ -153,7 +180,8 @@ class Efficiency:
     """The efficiency an estimate runs at: the mode and the curves in force (None: ideal).
 
     ``missing`` names the parts a calibrated chip has no curve for (they run ideal);
-    ``elementwise_passes`` is the chip's :class:`Calibration` value (0 when ideal).
+    ``elementwise_passes`` and ``attention`` are the chip's :class:`Calibration` values (0 and
+    None when ideal).
     """
 
     mode: str
@@ -161,6 +189,7 @@ class Efficiency:
     networks: Mapping[str, CollectiveEfficiency] = field(default_factory=dict)
     missing: tuple[str, ...] = ()
     elementwise_passes: float = 0.0
+    attention: AttentionEfficiency | None = None
 
     @property
     def calibrated(self) -> bool:
@@ -189,6 +218,9 @@ class Efficiency:
         parts += [f"{name} up to {c.peak_fraction:.1%} of link rate" for name, c in self.networks.items()]
         if self.elementwise_passes:
             parts.append(f"untimed kernels {self.elementwise_passes:.3g} HBM passes over each matmul output")
+        if self.attention is not None:
+            a = self.attention
+            parts.append(f"fused attention {a.forward:.1%} / {a.backward:.1%} of peak forward / backward")
         text = "efficiency calibrated (" + ", ".join(parts or ["no measured curves"]) + ")"
         if self.missing:
             text += "; ideal for " + ", ".join(self.missing) + " (no measured data)"
@@ -235,4 +267,4 @@ def resolve_efficiency(
             stacklevel=2,
         )
     curves = {name: cal.networks[name] for name in used if name in cal.networks}
-    return Efficiency("calibrated", cal.matmul, curves, tuple(missing), cal.elementwise_passes)
+    return Efficiency("calibrated", cal.matmul, curves, tuple(missing), cal.elementwise_passes, cal.attention)

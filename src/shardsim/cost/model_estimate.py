@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..dtypes import resolve_dtype
 from ..errors import PlanError
@@ -39,6 +38,7 @@ from .hardware import Hardware, Switched
 from .model_steps import ModelProgram, check_batch, model_memory_ledger, model_program
 from .placement import AxisLink, Placement, hungry_first, place
 from .presets import get_hardware
+from .program import chips_running
 from .timeline import build_timeline
 
 
@@ -79,14 +79,14 @@ class ModelEstimate(Estimate):
         for st in self.program.steps:
             e = st.event
             if e.flops and e.phase in ("forward", "backward"):
-                total += e.flops * _chips_running(mesh, e.where)
+                total += e.flops * chips_running(mesh, e.where)
         return total
 
     @property
     def hardware_flops(self) -> float:
         """Every matmul FLOP the chips run, recomputation included (HFU's numerator)."""
         assert self.program is not None
-        return sum(st.event.flops * _chips_running(self.program.mesh, st.event.where) for st in self.program.steps)
+        return sum(st.event.flops * chips_running(self.program.mesh, st.event.where) for st in self.program.steps)
 
     @property
     def six_nt(self) -> float:
@@ -164,18 +164,6 @@ class ModelEstimate(Estimate):
             ("memory per chip", f"{_gb(self.memory.get('total', 0))} GB"),
             ("HBM per chip", f"{_gb(self.hardware.hbm_capacity)} GB"),
         ]
-
-
-def _chips_running(mesh: Any, where: str) -> int:
-    """How many chips run an event held ``where`` (``""``: all; ``"pipe1"``: that stage's)."""
-    if not where:
-        return int(mesh.size)
-    fixed = 1
-    for token in where.split(","):
-        hits = [a for a in mesh.axis_names if token.startswith(a) and token[len(a) :].isdigit()]
-        if hits:
-            fixed *= mesh.axis_size(max(hits, key=len))
-    return int(mesh.size) // fixed
 
 
 def resolve_model(model: TransformerConfig | str) -> TransformerConfig:

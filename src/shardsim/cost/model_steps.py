@@ -196,7 +196,8 @@ def _runs(events: Sequence[Event]) -> list[_Run]:
 
 
 def _signature(e: Event) -> tuple[object, ...]:
-    return (e.op, e.axes, e.phase, e.flops, e.hbm_bytes, e.sent_bytes, e.received_bytes, e.array_bytes, e.where)
+    sizes = (e.flops, e.hbm_bytes, e.sent_bytes, e.received_bytes, e.array_bytes)
+    return (e.op, e.axes, e.phase, e.kernel, *sizes, e.where)
 
 
 def _expand(

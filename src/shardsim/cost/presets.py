@@ -22,7 +22,7 @@ NCCL and ICI measurements, nccl-tests results.
 from __future__ import annotations
 
 from ..errors import ShardsimError
-from .efficiency import Calibration, CollectiveEfficiency, MatmulEfficiency
+from .efficiency import AttentionEfficiency, Calibration, CollectiveEfficiency, MatmulEfficiency
 from .hardware import Hardware, Switched, Torus
 
 T_MIN = 1e-6  # SB sharding.md: per-hop ICI latency "typically around 1us"
@@ -89,6 +89,16 @@ ICI = CollectiveEfficiency(1.0, half_bytes=10e6 * (1 / 0.95 - 1), source="SB sha
 # row 1 (0.078): the measured curves alone leave the model a little faster than that run.
 ELEMENTWISE_PASSES_A100 = 8.76
 ELEMENTWISE_PASSES_H100 = 0.08
+# Fused attention on Hopper, the best published kernel as MAMF is the best GEMM: FlashAttention-3
+# at head dim 128, sequence 16k, bf16 on an H100 SXM5, 648 TFLOP/s forward and 561 backward
+# (Shah et al. 2024, the attention speed figures; FlashAttention-2 on the same figures: 370
+# and 322, cuDNN 595 and 516). No A100 figure is here: PTD-P's Megatron of 2021 ran attention
+# as separate matmuls around a fused softmax, which the matmul curve times.
+FLASH_H100 = AttentionEfficiency(
+    648 / 989,
+    561 / 989,
+    "Shah et al. 2024 (FlashAttention-3): H100 SXM5, head dim 128, seq 16k, 648 / 561 TFLOP/s forward / backward",
+)
 
 
 def _tpu(
@@ -239,6 +249,7 @@ _PRESETS: dict[str, Hardware] = {
                 {**HOPPER, "scaleout": SCALEOUT_NDR},
                 ELEMENTWISE_PASSES_H100,
                 "elementwise_passes fitted to Llama 3 Table 4 row 1 (docs/calibration.md)",
+                FLASH_H100,
             ),
         ),
         _gpu(
@@ -251,9 +262,12 @@ _PRESETS: dict[str, Hardware] = {
             4e11,
             {
                 "networks": "Hopper NVLink 4.0 as H100; DGX scale-out assumed as H100 (the book lists H100/B200)",
-                "calibration": "bf16 matmul as H100 (MAMF: 'H200 is the same'); NVLink and NDR curves of the H100",
+                "calibration": "bf16 matmul as H100 (MAMF: 'H200 is the same'); "
+                "NVLink, NDR and fused attention of the H100",
             },
-            calibration=Calibration(_mamf(794.5 / 989, 1453.4 / 1979), {**HOPPER, "scaleout": SCALEOUT_NDR}),
+            calibration=Calibration(
+                _mamf(794.5 / 989, 1453.4 / 1979), {**HOPPER, "scaleout": SCALEOUT_NDR}, attention=FLASH_H100
+            ),
         ),
         _gpu(
             "b200",

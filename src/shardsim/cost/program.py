@@ -179,3 +179,15 @@ def program_steps(events: Sequence[Event], layers: int = 1) -> list[Step]:
             inputs = tuple(after_forward if i in loss else i for i in inputs)
         steps.append(Step(e, position.get(id(e), 0), inputs, e.output))
     return steps
+
+
+def chips_running(mesh: Mesh, where: str) -> int:
+    """How many chips run an event held ``where`` (``""``: all; ``"pipe1"``: that stage's)."""
+    if not where:
+        return int(mesh.size)
+    fixed = 1
+    for token in where.split(","):
+        hits = [a for a in mesh.axis_names if token.startswith(a) and token[len(a) :].isdigit()]
+        if hits:
+            fixed *= mesh.axis_size(max(hits, key=len))
+    return int(mesh.size) // fixed

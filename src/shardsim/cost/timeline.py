@@ -281,7 +281,8 @@ def build_timeline(
     slots: list[Slot] = []
     for st in steps:
         e = st.event
-        key = (e.op, e.axes, e.flops, e.hbm_bytes, e.array_bytes, e.received_bytes, e.dtype, e.where, e.local_shapes)
+        sizes = (e.flops, e.hbm_bytes, e.array_bytes, e.received_bytes)
+        key = (e.op, e.axes, e.phase, e.kernel, *sizes, e.dtype, e.where, e.local_shapes)
         if key not in costs:
             costs[key] = _slowed(_cost(e, hardware, placement, groups, efficiency), slowest(e.where))
         cost = costs[key]
@@ -371,12 +372,17 @@ def _cost(
     stages of a pipeline): each has its own compute stream and links; an event every chip
     runs occupies all of them.
     """
-    on = [e.where] if e.where else list(groups)
+    on = [e.where, *_inside(e.where, groups)] if e.where else list(groups)
     suffix = f" {e.where}" if e.where else ""
 
     def links(name: str) -> tuple[str, ...]:
         return tuple(f"{name} {g}" for g in on) or (name,)
 
+    if e.kernel == "attention" and efficiency.attention is not None:
+        # a fused kernel: its scores never reach HBM and its softmax is inside it, so it runs
+        # at the kernel's measured rate with no untimed passes after it
+        seconds = e.flops / (hardware.flops(e.dtype or "bfloat16") * efficiency.attention.fraction(e.phase))
+        return _Cost("compute" + suffix, links("compute"), seconds, "compute", None, seconds)
     if e.op == "matmul" or e.flops:
         r = matmul_time(e.flops, e.hbm_bytes, hardware, e.dtype or "bfloat16", efficiency)
         # the untimed kernels that read and write the matmul's output run right after it on
@@ -393,6 +399,15 @@ def _cost(
     if e.op == "host_transfer" and hardware.host_bandwidth:
         return _Cost("host" + suffix, links("host"), e.received_bytes / hardware.host_bandwidth, "bandwidth")
     return None
+
+
+def _inside(where: str, groups: Sequence[str]) -> list[str]:
+    """The sets of chips among ``groups`` that lie within the chips ``where`` names: those that
+    fix every coordinate ``where`` fixes and more (``"pipe1,C3"`` within ``"pipe1"``). A step
+    on a pipeline stage's chips occupies the stream of each of its context-parallel chips too,
+    or that chip would run its own attention and its stage's other work at once."""
+    mine = set(where.split(","))
+    return [g for g in groups if g != where and mine < set(g.split(","))]
 
 
 def _slowest(mesh: Mesh | None) -> Callable[[str], float]:

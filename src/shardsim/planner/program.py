@@ -29,7 +29,7 @@ The gradient reductions over the data axis are kept apart (``sync``): they run o
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,7 @@ from ..cost.efficiency import Efficiency, resolve_efficiency
 from ..cost.hardware import Hardware
 from ..cost.placement import AxisLink, Placement, place
 from ..cost.presets import get_hardware
-from ..cost.program import _per_chip, program_steps, trace_steps
+from ..cost.program import _per_chip, chips_running, program_steps, trace_steps
 from ..cost.timeline import Timeline, build_timeline
 from ..mesh import Mesh
 from ..models import TransformerConfig
@@ -144,18 +144,22 @@ def _at_dp(two: list[_Run], four: list[_Run], dp: int) -> list[_Run]:
     return out
 
 
-def is_sync(e: Event) -> bool:
-    """A gradient's reduction over the data axis (it runs once per step, not per microbatch).
+def is_sync(e: Event, params: Collection[str]) -> bool:
+    """A parameter's gradient reduction over the data or context axis (it runs once per step,
+    after the accumulation, not per microbatch). ``params`` are the parameter names; a
+    context-parallel step also reduce-scatters activation gradients (``dK``), every microbatch.
 
-    >>> e = Event(0, "all_reduce", ("data",), "dlayers.0.mlp.w_in", (), "", "backward")
-    >>> is_sync(e), is_sync(Event(1, "all_reduce", ("model",), "Attn out", (), "", "forward"))
+    >>> e = Event(0, "all_reduce", ("context",), "dlayers.0.mlp.w_in", (), "", "backward")
+    >>> dk = Event(1, "reduce_scatter", ("context",), "dK", (), "", "backward")
+    >>> is_sync(e, {"layers.0.mlp.w_in"}), is_sync(dk, {"layers.0.mlp.w_in"})
     (True, False)
     """
     return (
         e.phase == "backward"
         and e.op in ("all_reduce", "reduce_scatter")
+        and e.label[1:] in params
         and e.label.startswith("d")
-        and any(a == "data" for a in e.axes)
+        and any(a in ("data", "context") for a in e.axes)
     )
 
 
@@ -249,7 +253,10 @@ class LayerCache:
             trainer = ModelTrainer(cfg, lp, lp.mesh(), params, self.optimizer, precision=self.precision)
             res = trainer.step(tok, tok)
             events = [e for e in res.trace.events if e.phase != "optimizer"]
-            flops = sum(e.flops for e in events if e.phase != "recompute")
+            # per chip, averaged: an event held on some chips only (a context-parallel chip's
+            # share of causal attention) runs on those chips
+            mesh = trainer.mesh
+            flops = sum(e.flops * chips_running(mesh, e.where) for e in events if e.phase != "recompute") // mesh.size
             stored = int(res.stored_activations.max())  # the one-layer run's is one layer's
             runs.append(_Run(events, _per_chip(res.memory), _per_chip(res.model_state), stored, flops))
             del trainer, res
@@ -266,13 +273,14 @@ class LayerCache:
     def _times(self, events: Sequence[Event], pl: Placement, eff: Efficiency) -> tuple[Times, Timeline]:
         """Two time lines: the microbatch's work alone, and with the gradient reductions (the
         last microbatch's backward, overlapping them); the forward ends where its last bar does."""
-        alone = [e for e in events if not is_sync(e)]
+        params = self.model.scaled(layers=2).param_shapes()
+        alone = [e for e in events if not is_sync(e, params)]
         work = build_timeline(program_steps(alone), self.hw, pl, efficiency=eff)
         synced = len(alone) < len(events)  # no gradient reduction (one data rank): one time line serves
         whole = build_timeline(program_steps(events), self.hw, pl, efficiency=eff) if synced else work
         fwd = max((b.end for b in work.bars if b.phase == "forward"), default=0.0)
         fwd_whole = max((b.end for b in whole.bars if b.phase == "forward"), default=0.0)
-        sync = sum(b.seconds for b in whole.bars if is_sync(events[b.index]))
+        sync = sum(b.seconds for b in whole.bars if is_sync(events[b.index], params))
         return Times(fwd, work.step_s - fwd, sync, whole.step_s - fwd_whole), whole
 
     # -- the pipeline's sends ----------------------------------------------------------------
