@@ -12,8 +12,9 @@ policy keeps them) among them. Plans that share a layer sharding
 (the same layer at a different pipeline depth, schedule or placement) share the trace;
 :class:`LayerCache` holds them.
 
-The gradient reductions over the data axis are kept apart (``sync``): they run once per step
-(after the last microbatch; with a pipeline, after the flush), the rest once per microbatch.
+The gradient reductions over the data and context axes are kept apart (``sync``): they run
+once per step (after the last microbatch; with a pipeline, after the flush), the rest once
+per microbatch.
 
 >>> from shardsim.models import get
 >>> from shardsim.plans import Plan
@@ -157,8 +158,8 @@ def is_sync(e: Event, params: Collection[str]) -> bool:
     return (
         e.phase == "backward"
         and e.op in ("all_reduce", "reduce_scatter")
-        and e.label[1:] in params
         and e.label.startswith("d")
+        and e.label[1:] in params
         and any(a in ("data", "context") for a in e.axes)
     )
 
@@ -276,7 +277,7 @@ class LayerCache:
         params = self.model.scaled(layers=2).param_shapes()
         alone = [e for e in events if not is_sync(e, params)]
         work = build_timeline(program_steps(alone), self.hw, pl, efficiency=eff)
-        synced = len(alone) < len(events)  # no gradient reduction (one data rank): one time line serves
+        synced = len(alone) < len(events)  # no gradient reduction (one data and context rank): one time line
         whole = build_timeline(program_steps(events), self.hw, pl, efficiency=eff) if synced else work
         fwd = max((b.end for b in work.bars if b.phase == "forward"), default=0.0)
         fwd_whole = max((b.end for b in whole.bars if b.phase == "forward"), default=0.0)
