@@ -93,6 +93,8 @@ class Run:
 
 _T1 = "PTD-P Table 1 (weak scaling, Selene DGX A100)"
 _Z3 = "PTD-P ZeRO-3 comparison (175B, global batch 1536)"
+_Z3_530 = "PTD-P ZeRO-3 comparison (529.6B)"
+_T2 = "PTD-P Table 2 (PTD-P at a fixed global batch)"
 _L3 = "Llama 3 405B, Table 4 (H100)"
 _UNTIED = (("tie_embeddings", False),)
 _MB1 = "microbatch 1, 1F1B (Table 1 gives neither); embedding and LM head untied (pp > 1)"
@@ -126,20 +128,42 @@ _ZERO3_SERIAL = (
 )
 
 
-def _zero3(gpus: int, tflops: float) -> Run:
+def _zero3(gpus: int, tflops: float, size: str = "175B", batch: int = 1536) -> Run:
+    gpt3 = size == "175B"
     return Run(
-        f"ZeRO-3 175B, {gpus:,} GPUs",
-        _Z3,
-        "gpt3-175b",
+        f"ZeRO-3 {size}, {gpus:,} GPUs",
+        _Z3 if gpt3 else _Z3_530,
+        "gpt3-175b" if gpt3 else f"ptdp-{size.lower()}",
         str(Plan(dp=gpus, zero=3, recompute="full")),
         "a100",
-        1536,
+        batch,
         tflops,
-        f"{PTDP}, §5.2 Table 2 (ZeRO-3 without model parallelism, microbatch {1536 // gpus})",
-        overrides=(("vocab", 51200),),
-        assumed="vocabulary 51,200 as all PTD-P GPT models; DeepSpeed ZeRO-3 as ZeRO stage 3 over 'data'; "
+        f"{PTDP}, §5.2 Table 2 (ZeRO-3 without model parallelism, microbatch {batch // gpus})",
+        overrides=(("vocab", 51200),) if gpt3 else (),
+        assumed=("vocabulary 51,200 as all PTD-P GPT models; " if gpt3 else "")
+        + "DeepSpeed ZeRO-3 as ZeRO stage 3 over 'data'; "
         f"no overlap of communication with compute ({_ZERO3_SERIAL})",
         options=(("overlap", False),),
+    )
+
+
+def _t2(size: str, p: int, gpus: int, batch: int, tflops: float) -> Run:
+    """PTD-P's own rows of Table 2: model-parallel size ``8 p`` (Table 2 prints the product;
+    TP 8 in a node and PP ``p`` across, as Table 1 runs these models), microbatch 1."""
+    gpt3 = size == "175B"
+    d = gpus // (8 * p)
+    plan = Plan(dp=d, tp=8, pp=p, microbatches=batch // d, recompute="full")
+    return Run(
+        f"PTD-P {size}, {gpus:,} GPUs",
+        _T2,
+        "gpt3-175b" if gpt3 else f"ptdp-{size.lower()}",
+        str(plan),
+        "a100",
+        batch,
+        tflops,
+        f"{PTDP}, §5.2 Table 2 (PTD-P, model-parallel size {8 * p}, microbatch 1)",
+        overrides=((("vocab", 51200),) if gpt3 else ()) + _UNTIED,
+        assumed=f"model-parallel size {8 * p} as TP 8 x PP {p}; 1F1B; embedding and LM head untied (pp > 1)",
     )
 
 
@@ -196,6 +220,12 @@ RUNS: tuple[Run, ...] = (
     _zero3(384, 144.0),
     _zero3(768, 88.0),
     _zero3(1536, 44.0),
+    _t2("175B", 12, 384, 1536, 153.0),
+    _t2("175B", 12, 768, 1536, 149.0),
+    _t2("175B", 12, 1536, 1536, 141.0),
+    _zero3(640, 138.0, "529.6B", 2560),
+    _t2("529.6B", 35, 1120, 2240, 167.0),
+    _t2("529.6B", 35, 2240, 2240, 159.0),
     _llama(8192, 1, 64, 430.0, 0.43, "fit"),
     _llama(16384, 1, 128, 400.0, 0.41),
     _llama(16384, 16, 8, 380.0, 0.38),
@@ -252,7 +282,8 @@ def predict_from_layers(run: Run, efficiency: str = "calibrated") -> Prediction:
     (every row it times overlaps communication) and counts model FLOPs, so a run with options
     or recomputation is refused.
 
-    >>> p = predict_from_layers(RUNS[13])  # Llama 3 405B on 8,192 H100s, in a few seconds
+    >>> run = next(r for r in RUNS if r.name == "Llama 3 405B, 8,192 GPUs")
+    >>> p = predict_from_layers(run)  # in a few seconds
     >>> p.method, abs(p.error) < 0.15
     ('layer program', True)
     """
