@@ -21,7 +21,7 @@ from shardsim.planner import Candidate, days_to_train, fewest_chips, plan
 from shardsim.planner.bounds import memory_bound, stage_bound, state_bytes, time_bound
 from shardsim.planner.evaluate import evaluate
 from shardsim.planner.program import LayerCache
-from shardsim.planner.space import FIXABLE, candidates, stage_layers
+from shardsim.planner.space import FIXABLE, Constraints, candidates, stage_layers
 from shardsim.plans import Plan
 from shardsim.training import policies
 from test_run_model import check_against_reference
@@ -32,7 +32,8 @@ MOE = get("moe-tiny")
 
 # (model, chips, constraints): free searches and searches held to each dimension of the space:
 # pipelines, the interleaved schedule, ZeRO-3, TP with selective recomputation, CP with TP, CP
-# inside a pipeline, TP without SP, EP on a mixture of experts, microbatches of 8 sequences
+# inside a pipeline, all-gather CP, TP without SP, EP on a mixture of experts, microbatches of 8
+# sequences
 SEARCHES = [
     (LLAMA, 2, {}),
     (LLAMA, 8, {"pp": 2}),
@@ -41,6 +42,7 @@ SEARCHES = [
     (LLAMA, 4, {"tp": 2, "recompute": "selective"}),
     (LLAMA, 4, {"cp": 2, "tp": 2}),
     (LLAMA, 8, {"cp": 2, "pp": 2, "tp": 2}),
+    (LLAMA, 4, {"cp": 2, "cp_method": "all_gather"}),
     (LLAMA, 4, {"tp": 2, "sp": False}),
     (MOE, 4, {"ep": 2}),
     (LLAMA, 1, {"micro_range": (8, 8)}),
@@ -61,6 +63,18 @@ def test_top_plans_replay_exactly(model, chips, cons):
         for key, value in cons.items():
             assert getattr(row.plan, key) == value if key in FIXABLE else row.candidate.micro == value[0]
         check_against_reference(model, row.plan, "float64", row.candidate.batch, None)
+
+
+def test_context_parallel_attention_is_searched_as_a_ring_and_as_an_all_gather():
+    """Both context-parallel attentions are in the space wherever CP is (Llama 3 ran the
+    all-gather one), and fixing one keeps the other out; without CP the method is moot."""
+    def methods(**fixed):
+        space = candidates(LLAMA, chips=4, batch_tokens=128, seq=16, domain=8, constraints=Constraints.of(**fixed))
+        return {c.plan.cp_method for c in space}
+
+    assert methods(cp=2) == {"ring", "all_gather"}
+    assert methods(cp=2, cp_method="all_gather") == {"all_gather"}
+    assert methods(cp=1) == {"ring"}
 
 
 _CACHE = CACHES[LLAMA.name]
@@ -182,6 +196,7 @@ def test_a_model_that_fits_nowhere_says_by_how_much_and_what_helps():
         ({"tp": 16, "pp": 1, "dp": 1}, r"satisfies the constraints"),
         ({"policy": "fp8"}, r"policy='fp8': unknown byte policy 'fp8'; the presets are"),
         ({"policy": "megatron", "zero": 1}, r"policy='megatron' counts ZeRO stage 0 but zero=1 is fixed"),
+        ({"cp_method": "zigzag"}, r"cp_method='zigzag': choose one of \['ring', 'all_gather'\]"),
     ],
 )
 def test_contradictory_constraints(options, match):

@@ -10,8 +10,9 @@ network each parallelism runs over (the innermost on NVLink or the fastest torus
 The space (Narayanan et al. 2021, §3): tensor parallelism ``tp`` dividing the heads, the
 MLP width and the vocabulary (with Megatron's rule for the KV heads), with and without
 sequence parallelism; context parallelism ``cp`` where the sequence splits (inside a
-pipeline too); expert parallelism ``ep`` dividing a mixture of experts' experts (which
-``run_model`` runs with ZeRO 0 and 1 and without context parallelism); pipeline depth
+pipeline too), its attention a ring or an all-gather of K and V (``cp_method``); expert
+parallelism ``ep`` dividing a mixture of experts' experts (which ``run_model`` runs with
+ZeRO 0 and 1 and without context parallelism); pipeline depth
 ``pp`` whose stages hold whole layers (the first and last stage may hold one layer less,
 as Llama 3 balances the embedding and the head; not for tied embeddings, which
 ``run_model`` does not pipeline); the data-parallel degree that remains and its ZeRO stage
@@ -37,10 +38,12 @@ from typing import Any
 
 from ..errors import PlannerError
 from ..models import TransformerConfig
-from ..plans import RECOMPUTE, Plan
+from ..plans import CP_METHODS, RECOMPUTE, Plan
 
 PARALLELISMS = ("dp", "zero", "tp", "sp", "pp", "cp", "ep")
-FIXABLE = ("dp", "zero", "tp", "sp", "pp", "cp", "ep", "schedule", "virtual_stages", "microbatches", "recompute")
+FIXABLE = (
+    "dp", "zero", "tp", "sp", "pp", "cp", "ep", "cp_method", "schedule", "virtual_stages", "microbatches", "recompute",
+)  # fmt: skip
 DEGREES = ("dp", "tp", "pp", "cp", "ep")
 DEFAULT_ORDER = ("data", "pipe", "context", "expert", "model")  # Plan.mesh()'s order: TP innermost
 DATA_INSIDE = ("pipe", "data", "context", "expert", "model")  # Megatron's rank order: DP inside PP
@@ -126,7 +129,9 @@ class Constraints:
         if not 0.0 <= self.headroom < 1.0:
             raise PlannerError(f"headroom={self.headroom!r} is the fraction of memory left free, in [0, 1)")
         for key, value in self.fixed.items():
-            off = value in (1, 0, False, "none") or key in ("schedule", "virtual_stages", "microbatches", "recompute")
+            off = value in (1, 0, False, "none") or key in (
+                "cp_method", "schedule", "virtual_stages", "microbatches", "recompute",
+            )  # fmt: skip
             if key in PARALLELISMS and key not in self.allow and not off:
                 raise PlannerError(
                     f"{key}={value} is fixed but {key!r} is not among the allowed parallelisms {list(self.allow)}; "
@@ -144,6 +149,8 @@ class Constraints:
             raise PlannerError(f"micro_range={self.micro_range}: give (smallest, largest) sequences, 1 <= lo <= hi")
         if "recompute" in self.fixed and self.fixed["recompute"] not in RECOMPUTE:
             raise PlannerError(f"recompute={self.fixed['recompute']!r}: choose one of {list(RECOMPUTE)}")
+        if "cp_method" in self.fixed and self.fixed["cp_method"] not in CP_METHODS:
+            raise PlannerError(f"cp_method={self.fixed['cp_method']!r}: choose one of {list(CP_METHODS)}")
 
     def options(self, key: str, values: Sequence[Any]) -> list[Any]:
         """The values ``key`` may take: the fixed one, the first (off) if not allowed, else all."""
@@ -245,7 +252,8 @@ def _sharded(
     c: Constraints,
     orders: Sequence[tuple[str, ...]],
 ) -> Iterator[Candidate]:
-    """The ZeRO stages, sequence parallelism and recomputation policies of one set of degrees."""
+    """The ZeRO stages, sequence parallelism, context-parallel attention and recomputation
+    policies of one set of degrees."""
     dp, tp, cp = degrees.dp, degrees.tp, degrees.cp
     # ZeRO-2/3 without a pipeline only: the layer program reduces their gradients once a step,
     # where each of a pipeline's microbatches would reduce-scatter its own (or hold them whole)
@@ -256,9 +264,10 @@ def _sharded(
         for sp in c.options("sp", [False, True] if tp > 1 else [False]):
             if sp and seq % (tp * cp):
                 continue
-            for recompute in c.options("recompute", list(RECOMPUTE)):
-                base = degrees.replace(zero=zero, sp=sp, recompute=recompute)
-                yield from _batches(model, base, batch_tokens, seq, c, orders)
+            for method in c.options("cp_method", list(CP_METHODS)) if cp > 1 else ["ring"]:
+                for recompute in c.options("recompute", list(RECOMPUTE)):
+                    base = degrees.replace(zero=zero, sp=sp, recompute=recompute, cp_method=method)
+                    yield from _batches(model, base, batch_tokens, seq, c, orders)
 
 
 def _batches(
