@@ -267,9 +267,18 @@ def predict(
     ('PTD-P 1.7B', True)
     """
     est = _estimate(run, efficiency, hardware or get_hardware(run.hardware), dict(run.options) if options else {})
-    counted = (run.counted_layers or run.config.layers) / run.config.layers
-    tflops = est.hardware_flops * counted / run.chips / est.step_s / 1e12
-    return Prediction(run, est.step_s, tflops, est.mfu * counted, efficiency)
+    counted = _counted(run)
+    return Prediction(run, est.step_s, _tflops(run, est.hardware_flops, est.step_s), est.mfu * counted, efficiency)
+
+
+def _counted(run: Run) -> float:
+    """The share of the traced layers whose FLOPs the run counts (its own layer count)."""
+    return (run.counted_layers or run.config.layers) / run.config.layers
+
+
+def _tflops(run: Run, flops: float, step_s: float) -> float:
+    """TFLOP/s per GPU: the step's FLOPs over all chips, counted as the run counts them."""
+    return flops * _counted(run) / run.chips / step_s / 1e12
 
 
 def predict_from_layers(run: Run, efficiency: str = "calibrated") -> Prediction:
@@ -300,9 +309,8 @@ def predict_from_layers(run: Run, efficiency: str = "calibrated") -> Prediction:
     cache = LayerCache(run.config, run.hardware, seq=run.seq, efficiency=efficiency)
     micro = run.batch // (plan.dp * plan.microbatches)
     est = evaluate(cache, Candidate(plan, micro, run.batch))
-    counted = (run.counted_layers or run.config.layers) / run.config.layers
-    tflops = est.model_flops * counted / run.chips / est.step_s / 1e12
-    return Prediction(run, est.step_s, tflops, est.mfu * counted, efficiency, "layer program")
+    tflops = _tflops(run, est.model_flops, est.step_s)
+    return Prediction(run, est.step_s, tflops, est.mfu * _counted(run), efficiency, "layer program")
 
 
 def _estimate(run: Run, efficiency: str, hardware: Hardware, options: dict[str, Any]) -> ModelEstimate:

@@ -190,6 +190,7 @@ class LayerCache:
         self.precision = Precision.of("bf16") if chosen is None else chosen.precision
         self.optimizer = "adam" if chosen is None else chosen.optimizer
         self.efficiency, self.links, self.topology = efficiency, links, topology
+        self._params = frozenset(model.scaled(layers=2).param_shapes())  # the traced programs' weights
         self._layers: dict[tuple[Any, ...], Layer] = {}
         self._programs: dict[tuple[str, int], list[_Run]] = {}
         self._placements: dict[tuple[Any, ...], tuple[Placement, Efficiency]] = {}
@@ -274,14 +275,13 @@ class LayerCache:
     def _times(self, events: Sequence[Event], pl: Placement, eff: Efficiency) -> tuple[Times, Timeline]:
         """Two time lines: the microbatch's work alone, and with the gradient reductions (the
         last microbatch's backward, overlapping them); the forward ends where its last bar does."""
-        params = self.model.scaled(layers=2).param_shapes()
-        alone = [e for e in events if not is_sync(e, params)]
+        alone = [e for e in events if not is_sync(e, self._params)]
         work = build_timeline(program_steps(alone), self.hw, pl, efficiency=eff)
         synced = len(alone) < len(events)  # no gradient reduction (one data and context rank): one time line
         whole = build_timeline(program_steps(events), self.hw, pl, efficiency=eff) if synced else work
         fwd = max((b.end for b in work.bars if b.phase == "forward"), default=0.0)
         fwd_whole = max((b.end for b in whole.bars if b.phase == "forward"), default=0.0)
-        sync = sum(b.seconds for b in whole.bars if is_sync(events[b.index], params))
+        sync = sum(b.seconds for b in whole.bars if is_sync(events[b.index], self._params))
         return Times(fwd, work.step_s - fwd, sync, whole.step_s - fwd_whole), whole
 
     # -- the pipeline's sends ----------------------------------------------------------------

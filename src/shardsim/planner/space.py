@@ -129,9 +129,7 @@ class Constraints:
         if not 0.0 <= self.headroom < 1.0:
             raise PlannerError(f"headroom={self.headroom!r} is the fraction of memory left free, in [0, 1)")
         for key, value in self.fixed.items():
-            off = value in (1, 0, False, "none") or key in (
-                "cp_method", "schedule", "virtual_stages", "microbatches", "recompute",
-            )  # fmt: skip
+            off = value in (1, 0, False, "none")
             if key in PARALLELISMS and key not in self.allow and not off:
                 raise PlannerError(
                     f"{key}={value} is fixed but {key!r} is not among the allowed parallelisms {list(self.allow)}; "
