@@ -24,8 +24,9 @@ from shardsim.planner.program import LayerCache
 from shardsim.plans import Plan
 from shardsim.training import model_memory
 
-# PTD-P (2021) ran plain data parallelism, no ZeRO: its searches allow what it had
-PTDP = {"allow": ("dp", "tp", "sp", "pp", "cp")}
+# PTD-P (2021) ran plain data parallelism, no ZeRO, and attention with its scores in memory
+# (before FlashAttention): its searches allow what it had
+PTDP = {"allow": ("dp", "tp", "sp", "pp", "cp"), "attention": "standard"}
 RUNS = [
     # (model, hardware, chips, sequences per batch, seq, constraints, published degrees)
     ("ptdp-1.7b", "a100", 32, 512, 2048, PTDP, {"tp": 1, "pp": 1, "dp": 32}),

@@ -6,7 +6,11 @@ Degrees: ``dp`` (data parallel), ``tp`` (tensor parallel), ``pp`` (pipeline stag
 Megatron sequence parallelism inside the tensor-parallel group; ``schedule``,
 ``microbatches`` and ``virtual_stages`` describe the pipeline; ``cp_method`` is the context-parallel
 attention (``ring`` or ``all_gather``) and ``cp_balanced`` its causal load balancing (the
-zigzag order of :func:`shardsim.context.balanced_order`; False: contiguous blocks); ``recompute`` is the
+zigzag order of :func:`shardsim.context.balanced_order`; False: contiguous blocks); ``attention`` is
+the attention kernel without context parallelism (``standard``: the ``[B, N, S, S]`` scores and
+probabilities in memory, as Megatron-LM ran it before FlashAttention; ``flash``: FlashAttention's
+online softmax over 128-row tiles, only the output and its log-sum-exp kept; context-parallel
+attention is always the latter); ``recompute`` is the
 activation recomputation policy of Korthikanti et al. 2022 (``none``, ``selective``,
 ``full``); ``precision`` names a :class:`~shardsim.training.precision.Precision` (None: the
 weights' own dtype). Each parallelism runs over its own mesh axis (``data``, ``model``,
@@ -35,6 +39,7 @@ ROLES = ("data", "pipe", "context", "expert", "model")  # mesh order: the tensor
 DEGREE = {"data": "dp", "pipe": "pp", "context": "cp", "expert": "ep", "model": "tp"}
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 CP_METHODS = ("ring", "all_gather")
+ATTENTION = ("standard", "flash")
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -58,6 +63,7 @@ class Plan:
     cp: int = 1
     cp_method: str = "ring"
     cp_balanced: bool = True
+    attention: str = "standard"
     recompute: str = "none"
     precision: str | None = None
     data_axis: str = "data"
@@ -79,6 +85,8 @@ class Plan:
             raise PlanError(f"Plan.cp_method={self.cp_method!r}: choose one of {list(CP_METHODS)}")
         if not isinstance(self.cp_balanced, bool):
             raise PlanError(f"Plan.cp_balanced is True (zigzag chunks) or False (contiguous), got {self.cp_balanced!r}")
+        if self.attention not in ATTENTION:
+            raise PlanError(f"Plan.attention={self.attention!r}: choose one of {list(ATTENTION)}")
         if self.recompute not in RECOMPUTE:
             raise PlanError(f"Plan.recompute={self.recompute!r}: choose one of {list(RECOMPUTE)}")
         if self.precision is not None and self.precision not in PRECISIONS:

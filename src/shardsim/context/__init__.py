@@ -30,18 +30,24 @@ Layout('[B, S_C, N, H]')
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..array import ShardedArray, check_same_kind, check_same_mesh
 from ..errors import DivisibilityError, ShapeError, ShardingError
 from ..ops import cast
-from . import gather, ring, steps
+from . import flash, gather, ring, steps
 from .problem import Geometry, geometry
 
 __all__ = ["AttentionSaved", "balanced_order", "context_attention", "context_attention_backward"]
 
 _METHODS = {"ring": ring, "all_gather": gather}
+
+
+def _method(g: Geometry, method: str) -> Any:
+    """The module that runs it: the ring, the gather, or, without a context axis, one flash block."""
+    return flash if g.axis is None else _METHODS[method]
 
 
 @dataclass(frozen=True)
@@ -89,12 +95,15 @@ def context_attention(
     v: ShardedArray,
     positions: ShardedArray | None,
     *,
-    axis: str,
+    axis: str | None,
     causal: bool = True,
     method: str = "ring",
     scale: float | None = None,
 ) -> tuple[ShardedArray, AttentionSaved]:
     """Attention of every chip's query block over the whole sequence split along ``axis``.
+
+    ``axis=None``: no context axis; every chip holds the whole sequence ``[B, S, N, H]`` and
+    runs FlashAttention on it (positions ``[S]``), with no communication.
 
     Returns ``(o, saved)``: ``o [B, S_C, N, H]`` in q's dtype and what
     :func:`context_attention_backward` needs. ``scale`` defaults to ``1/sqrt(H)``; scores and
@@ -103,7 +112,7 @@ def context_attention(
     """
     g = geometry(q, k, v, positions, axis=axis, causal=causal, scale=scale, method=method)
     pos = positions if causal else None
-    o, lse = _METHODS[method].forward(g, q, k, v, pos)
+    o, lse = _method(g, method).forward(g, q, k, v, pos)
     return o, AttentionSaved(g, method, q, k, v, pos, o, lse)
 
 
@@ -127,7 +136,7 @@ def context_attention_backward(
         )
     g = saved.geometry
     rows = (saved.lse, steps.delta(g, o, do))
-    dq, dk, dv = _METHODS[saved.method].backward(g, saved.q, saved.k, saved.v, saved.positions, rows, do)
+    dq, dk, dv = _method(g, saved.method).backward(g, saved.q, saved.k, saved.v, saved.positions, rows, do)
     dq = steps.dq_out(g, dq, saved.q)
     dk = cast(dk, saved.k.dtype, label="dK", category="grads")
     dv = cast(dv, saved.v.dtype, label="dV", category="grads")

@@ -23,8 +23,32 @@ from ..array import ShardedArray, check_same_mesh
 from ..errors import ShapeError, ShapeOnlyError, ShardingError
 
 
-def check_layouts(q: ShardedArray, k: ShardedArray, v: ShardedArray, axis: str) -> None:
-    """S split over exactly the context axis; k and v split like q (kv heads over q's head axes)."""
+def check_layouts(q: ShardedArray, k: ShardedArray, v: ShardedArray, axis: str | None) -> None:
+    """S split over exactly the context axis (whole when ``axis`` is None); k and v split like q
+    (kv heads over q's head axes)."""
+    b, s, n, h = q.layout.dims
+    if axis is None:
+        if s.axes:
+            raise ShardingError(
+                f"attention without a context axis: q {q.describe()} splits its sequence {s} over "
+                f"{list(s.axes)}; gather it first (all_gather) or pass that axis as the context axis"
+            )
+    else:
+        _check_sequence(q, axis)
+    if h.axes:
+        raise ShardingError(f"context attention: q {q.describe()} splits the head dimension {h}; keep it whole")
+    for name, x in (("k", k), ("v", v)):
+        kb, ks, kn, kh = x.layout.dims
+        if (kb.axes, ks.axes, kn.axes, kh.axes) != (b.axes, s.axes, n.axes, h.axes):
+            raise ShardingError(
+                f"context attention: {name} {x.describe()} must be split like q {q.describe()} "
+                f"(batch over {list(b.axes)}, sequence over {list(s.axes)}, kv heads over the query heads' "
+                f"axes {list(n.axes)}, so each chip holds whole GQA groups)"
+            )
+
+
+def _check_sequence(q: ShardedArray, axis: str) -> None:
+    """q's sequence, and nothing else, split over exactly the context axis."""
     b, s, n, h = q.layout.dims
     where = q.layout.axis_dim(axis)
     if where is None:
@@ -45,32 +69,24 @@ def check_layouts(q: ShardedArray, k: ShardedArray, v: ShardedArray, axis: str) 
             f"share the dimension with context parallelism. Gather over {others} first (all_gather) or use "
             f"{s.name}_{axis} alone"
         )
-    if h.axes:
-        raise ShardingError(f"context attention: q {q.describe()} splits the head dimension {h}; keep it whole")
-    for name, x in (("k", k), ("v", v)):
-        kb, ks, kn, kh = x.layout.dims
-        if (kb.axes, ks.axes, kn.axes, kh.axes) != (b.axes, s.axes, n.axes, h.axes):
-            raise ShardingError(
-                f"context attention: {name} {x.describe()} must be split like q {q.describe()} "
-                f"(batch over {list(b.axes)}, sequence over {list(s.axes)}, kv heads over the query heads' "
-                f"axes {list(n.axes)}, so each chip holds whole GQA groups)"
-            )
 
 
-def check_positions(positions: Any, q: ShardedArray, axis: str, causal: bool, seq: int) -> None:
+def check_positions(positions: Any, q: ShardedArray, axis: str | None, causal: bool, seq: int) -> None:
     """``positions [S_C]``: integers with data, split like q's sequence (None allowed when not causal)."""
     if positions is None and not causal:
         return
+    want = "[S]" if axis is None else f"[S_{axis}]"
     if not isinstance(positions, ShardedArray):
         raise ShardingError(
-            f"context attention: positions must be an int ShardedArray [S_{axis}] (the global position of each "
-            f"row, e.g. shard(balanced_order(S, cp), mesh, '[S_{axis}]')), got {type(positions).__name__}"
+            f"context attention: positions must be an int ShardedArray {want} (the global position of each "
+            f"row, e.g. shard(balanced_order(S, cp), mesh, '[S_C]')), got {type(positions).__name__}"
         )
     check_same_mesh(q, positions)
-    if positions.global_shape != (seq,) or positions.layout.dims[0].axes != (axis,) or positions.is_partial:
+    split = () if axis is None else (axis,)
+    if positions.global_shape != (seq,) or positions.layout.dims[0].axes != split or positions.is_partial:
         raise ShapeError(
-            f"context attention: positions {positions.describe()} must be [S_{axis}] of shape ({seq},), split "
-            f"over the context axis like the sequence of q {q.describe()}"
+            f"context attention: positions {positions.describe()} must be {want} of shape ({seq},), split "
+            f"like the sequence of q {q.describe()}"
         )
     if positions.dtype.kind not in "iu":
         raise ShardingError(

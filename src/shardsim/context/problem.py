@@ -5,8 +5,9 @@
 :class:`Geometry`: the sizes, the layouts of the running statistics and score blocks, and how
 a block step's matmuls enter the trace. Each chip's block is cut into ``tiles`` query tiles
 and ``tiles`` key tiles (two, the two chunks of the balanced split, when the block has an
-even number of rows); a kernel skips a tile pair only when every one of its keys comes after
-every one of its queries, so a diagonal tile counts in full. :meth:`Geometry.work_on` reads
+even number of rows; without a context axis the kernel's 128-row tiles); a kernel skips a
+tile pair only when every one of its keys comes after every one of its queries, so a
+diagonal tile counts in full. :meth:`Geometry.work_on` reads
 each chip's visible tile pairs from the positions of the blocks it holds.
 
 >>> import numpy as np, shardsim
@@ -39,6 +40,7 @@ from . import kernels
 from .checks import check_layouts, check_positions
 
 METHODS = ("ring", "all_gather")
+KERNEL_TILE = 128  # FlashAttention's block of query and of key rows (Dao 2023): its mask's granularity
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class Geometry:
     """Sizes and layouts of one context-parallel attention (see the module doc)."""
 
     mesh: Mesh
-    axis: str
+    axis: str | None  # None: no context axis, the whole sequence on every chip (one block)
     cp: int
     causal: bool
     scale: float
@@ -63,6 +65,13 @@ class Geometry:
     holders: np.ndarray | None
     tiles: int
     tile_flops: int  # per chip, one matmul of one tile pair: 2 * b * n * (rows/tiles)^2 * H
+
+    @property
+    def ring(self) -> str:
+        """The context axis the K/V blocks travel or are gathered over (ring and all-gather only)."""
+        if self.axis is None:
+            raise ShardingError("attention without a context axis moves no K/V blocks")
+        return self.axis
 
     @property
     def rows(self) -> int:
@@ -86,6 +95,18 @@ class Geometry:
         """``[B, N, S_C, T]``: one chip's scores against one key block of T = S/cp rows."""
         b, s, n, _ = self.q_layout.dims
         return Layout((b, n, s, Dim("T")))
+
+    def scores(self, label: str) -> ShardedArray:
+        """A block step's scores (or their gradient), float32, for the trace and the ledger only:
+        the kernels compute them in NumPy and nothing reads this value. Under context
+        parallelism the ``[B, N, S_C, T]`` block of the step; without a context axis one
+        ``KERNEL_TILE``-square tile, all a fused kernel holds of them at a time."""
+        if self.axis is not None:
+            return self.value(self.block_layout, None, label, "scores")
+        b, _, n, _ = self.q_layout.dims
+        tile = self.rows // self.tiles
+        tiles = Layout((b, n, Dim("Tq"), Dim("Tk")))
+        return self.value(tiles, None, label, "scores", shape=(self.batch, self.heads, tile, tile))
 
     def shape(self, layout: Layout) -> tuple[int, ...]:
         """The global shape of a value of :attr:`rows_layout`, :attr:`acc_layout`, :attr:`block_layout`
@@ -179,7 +200,7 @@ class Geometry:
         """The chips at position ``c`` of the context axis (and holding the attention's values)."""
         along = np.arange(self.cp) == c
         shape = [1] * len(self.mesh.shape)
-        shape[self.mesh.axis_index(self.axis)] = self.cp
+        shape[self.mesh.axis_index(self.ring)] = self.cp
         mask = np.broadcast_to(along.reshape(shape), self.mesh.shape)
         return mask & (True if self.holders is None else self.holders)
 
@@ -202,9 +223,13 @@ def geometry(
             raise ShardingError(f"context attention: {name} must be a ShardedArray, got {type(x).__name__}")
     mesh = check_same_mesh(q, k, v)
     has_data = check_same_kind(q, k, v)
-    if not isinstance(axis, str):
-        raise ShardingError(f"context attention: axis is one mesh axis name such as 'C', got {axis!r}")
-    mesh.check_axis(axis)
+    if axis is not None:
+        if not isinstance(axis, str):
+            raise ShardingError(
+                f"context attention: axis is one mesh axis name such as 'C' (None: the whole sequence on "
+                f"every chip), got {axis!r}"
+            )
+        mesh.check_axis(axis)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 4:
             raise ShapeError(f"context attention: {name} {x.describe()} must be [B, S, heads, H] (4 dimensions)")
@@ -224,9 +249,11 @@ def geometry(
             f"of the {kv_heads} kv heads of k {k.describe()}; use kv heads that divide {heads}: {fits}"
         )
     check_layouts(q, k, v, axis)
-    cp = mesh.axis_size(axis)
+    cp = 1 if axis is None else mesh.axis_size(axis)
     rows = seq // cp
-    tiles = 2 if rows % 2 == 0 else 1
+    tiles = 2 if rows % 2 == 0 else 1  # the balanced split's two chunks per chip
+    if axis is None and rows % KERNEL_TILE == 0:  # one block: the kernel's own tiles
+        tiles = rows // KERNEL_TILE
     check_positions(positions, q, axis, causal, seq)
     b_loc, _, n_loc, _ = q.local_shape
     return Geometry(

@@ -8,9 +8,10 @@ recomputed from the saved log-sum-exp, then ``dO @ V^T`` (giving dS), ``P^T @ dO
 ``dS^T @ Q`` and ``dS @ K``. Each matmul is one trace event with the FLOPs of the tile pairs
 the causal mask leaves visible (:meth:`Geometry.record`).
 
-Ledger categories: the score blocks ``P`` and ``dS`` (``[B, N, S/cp, S/cp]``, float32) are
-``scores``; running statistics, accumulators and K/V blocks in flight are ``temporaries``;
-the saved output and log-sum-exp are ``activations``. Heads come first in the running
+Ledger categories: the score blocks ``P`` and ``dS`` (``[B, N, S/cp, S/cp]``, float32; one
+128-row tile without a context axis, :meth:`Geometry.scores`) are ``scores``; running
+statistics, accumulators and K/V blocks in flight are ``temporaries``; the saved output and
+log-sum-exp are ``activations``. Heads come first in the running
 values (``[B, N, S_C, ...]``), as the kernels hold them.
 """
 
@@ -61,14 +62,14 @@ def forward_block(
 ) -> Running:
     """Fold one key block into ``run``; the FLOPs count the tile pairs the positions leave visible."""
     work = g.work_on(pos_q, pos_k)
-    p = m = ll = alpha = acc = None
+    m = ll = alpha = acc = None
     if g.has_data:
         s = kernels.scores(q.compact(), k.compact(), _data(pos_q), _data(pos_k), g.scale, g.causal, g.compute)
         p, m, ll, alpha = kernels.online_softmax(s, _rows(g, run.m), _rows(g, run.l))
         acc = kernels.accumulate(kernels.split_heads(run.acc.compact(), g.kv_local, 2), alpha, p, v.compact())
-        p, acc = kernels.merge_heads(p, 2), kernels.merge_heads(acc, 2)
+        acc = kernels.merge_heads(acc, 2)
         m, ll, alpha = (kernels.merge_heads(x, 1) for x in (m, ll, alpha))
-    scores = g.value(g.block_layout, p, "scores", "scores")
+    scores = g.scores("scores")
     g.record([q, k], scores, work)  # S = Q @ K^T, then P = exp(S - m_new) in place
     new = Running(g.value(g.rows_layout, m, "m"), g.value(g.rows_layout, ll, "l"), run.acc)
     rescale = g.value(g.rows_layout, alpha, "alpha")
@@ -126,7 +127,7 @@ def backward_block(
     """
     kv = g.kv_local
     work = g.work_on(pos_q, pos_k)
-    p = ds = dv_d = dk_d = dq_d = None
+    dv_d = dk_d = dq_d = None
     if g.has_data:
         s = kernels.scores(q.compact(), k.compact(), _data(pos_q), _data(pos_k), g.scale, g.causal, g.compute)
         p = kernels.probabilities(s, _rows(g, rows[0]))
@@ -138,11 +139,10 @@ def backward_block(
         if grads.dk is not None and grads.dv is not None:
             dk_d, dv_d = grads.dk.compact() + dk_d, grads.dv.compact() + dv_d
         dq_d = grads.dq.compact() + dq_d
-        p, ds = kernels.merge_heads(p, 2), kernels.merge_heads(ds, 2)
     layout, shape = kv_out
-    scores = g.value(g.block_layout, p, "scores", "scores")
+    scores = g.scores("scores")
     g.record([q, k], scores, work)  # S = Q @ K^T again, P = exp(S - lse)
-    dscores = g.value(g.block_layout, ds, "dS", "scores")
+    dscores = g.scores("dS")
     g.record([do, v], dscores, work)  # dP = dO @ V^T, dS = P * (dP - delta)
     dv = g.value(layout, dv_d, "dV", shape=shape)
     g.record([scores, do], dv, work)  # dV += P^T @ dO

@@ -175,7 +175,7 @@ def _llama(gpus: int, cp: int, dp: int, tflops: float, mfu: float, role: str = "
     method = "all_gather" if cp > 1 else "ring"
     plan = Plan(
         dp=dp, zero=1, tp=8, cp=cp, pp=16, microbatches=batch // dp, schedule="interleaved", virtual_stages=2,
-        cp_method=method,
+        cp_method=method, attention="flash",
     )  # fmt: skip
     # 126 layers: 16 stages of 8 with one fewer on the first and the last (Llama 3 §3.3.2);
     # equal stages of 8 have the same busiest stage, so the step is the same
@@ -195,13 +195,9 @@ def _llama(gpus: int, cp: int, dp: int, tflops: float, mfu: float, role: str = "
         assumed="microbatch 1, the interleaved schedule with 2 chunks per stage (the least interleaving); "
         "FSDP that keeps the weights after the forward pass as ZeRO-1 "
         "(one gradient ReduceScatter and one weight AllGather per step); 16 equal stages of 8 layers, "
-        "FLOPs counted for 126"
-        + (
-            "; all-gather context parallelism with balanced chunks (Llama 3 §3.3.2), attention timed as the "
-            "H100's fused kernel, FLOPs of the key tiles the causal mask leaves visible (half of S^2)"
-            if cp > 1
-            else ""
-        ),
+        "FLOPs counted for 126; FlashAttention, timed as the H100's fused kernel, its FLOPs those of the "
+        "key tiles the causal mask leaves visible (about half of S^2)"
+        + ("; all-gather context parallelism with balanced chunks (Llama 3 §3.3.2)" if cp > 1 else ""),
         counted_layers=126,
     )
 

@@ -156,7 +156,7 @@ def critical_both(scheme: str, hardware: Hardware | str, d_ff: int | None = None
 
     >>> pair = critical_both("fsdp", "h100", chips=8)  # one node: NVLink and matmuls both measured
     >>> round(pair.ideal.per_chip_batch), round(pair.calibrated.per_chip_batch)
-    (2200, 1775)
+    (2200, 1735)
     """
     options.pop("efficiency", None)
     return CriticalPair(

@@ -40,7 +40,7 @@ def crossover_both(
 
     >>> rows, crit = crossover_both(["ddp"], "h100", [1024, 8192], 8192, 32768, chips=8)
     >>> list(rows), {k: round(v["ddp"]) for k, v in crit.items()}
-    (['h100 ideal', 'h100 calibrated'], {'h100 ideal': 2200, 'h100 calibrated': 1761})
+    (['h100 ideal', 'h100 calibrated'], {'h100 ideal': 2200, 'h100 calibrated': 1593})
     """
     hw = get_hardware(hardware)
     results: dict[str, list[Estimate]] = {}

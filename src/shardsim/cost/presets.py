@@ -86,9 +86,9 @@ ICI = CollectiveEfficiency(1.0, half_bytes=10e6 * (1 / 0.95 - 1), source="SB sha
 # output bytes. No source measures k per chip, so it is fitted to the end-to-end runs of
 # docs/calibration.md (cost.calibration.fit_elementwise_passes over the rows marked "fit";
 # every other row is a check). A100: PTD-P Table 1 rows 1-4 (8.766). H100: Llama 3 Table 4
-# row 1 (0.078): the measured curves alone leave the model a little faster than that run.
+# row 1 (1.358), its attention FlashAttention at the fused kernel's rate.
 ELEMENTWISE_PASSES_A100 = 8.76
-ELEMENTWISE_PASSES_H100 = 0.08
+ELEMENTWISE_PASSES_H100 = 1.36
 # Fused attention on Hopper, the best published kernel as MAMF is the best GEMM: FlashAttention-3
 # at head dim 128, sequence 16k, bf16 on an H100 SXM5, 648 TFLOP/s forward and 561 backward
 # (Shah et al. 2024, the attention speed figures; FlashAttention-2 on the same figures: 370

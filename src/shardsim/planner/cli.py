@@ -90,7 +90,7 @@ def _value(key: str, text: str) -> Any:
     """A ``--fix`` value: whole numbers for degrees, on/off for ``sp``, words for the rest."""
     if key not in FIXABLE:
         raise CommandLineError(f"--fix {key}: not a plan field the planner fixes; use one of {', '.join(FIXABLE)}")
-    if key in ("schedule", "recompute"):
+    if key in ("schedule", "recompute", "cp_method", "attention"):
         return text
     if key == "sp":
         if text.lower() not in ("true", "false", "1", "0", "on", "off"):

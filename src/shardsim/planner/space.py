@@ -10,7 +10,8 @@ network each parallelism runs over (the innermost on NVLink or the fastest torus
 The space (Narayanan et al. 2021, §3): tensor parallelism ``tp`` dividing the heads, the
 MLP width and the vocabulary (with Megatron's rule for the KV heads), with and without
 sequence parallelism; context parallelism ``cp`` where the sequence splits (inside a
-pipeline too), its attention a ring or an all-gather of K and V (``cp_method``); expert
+pipeline too), its attention a ring or an all-gather of K and V (``cp_method``), and without
+it FlashAttention (``attention=flash``, unless fixed); expert
 parallelism ``ep`` dividing a mixture of experts' experts (which ``run_model`` runs with
 ZeRO 0 and 1 and without context parallelism); pipeline depth
 ``pp`` whose stages hold whole layers (the first and last stage may hold one layer less,
@@ -38,11 +39,12 @@ from typing import Any
 
 from ..errors import PlannerError
 from ..models import TransformerConfig
-from ..plans import CP_METHODS, RECOMPUTE, Plan
+from ..plans import ATTENTION, CP_METHODS, RECOMPUTE, Plan
 
 PARALLELISMS = ("dp", "zero", "tp", "sp", "pp", "cp", "ep")
 FIXABLE = (
-    "dp", "zero", "tp", "sp", "pp", "cp", "ep", "cp_method", "schedule", "virtual_stages", "microbatches", "recompute",
+    "dp", "zero", "tp", "sp", "pp", "cp", "ep", "cp_method", "attention", "schedule", "virtual_stages",
+    "microbatches", "recompute",
 )  # fmt: skip
 DEGREES = ("dp", "tp", "pp", "cp", "ep")
 DEFAULT_ORDER = ("data", "pipe", "context", "expert", "model")  # Plan.mesh()'s order: TP innermost
@@ -149,6 +151,8 @@ class Constraints:
             raise PlannerError(f"recompute={self.fixed['recompute']!r}: choose one of {list(RECOMPUTE)}")
         if "cp_method" in self.fixed and self.fixed["cp_method"] not in CP_METHODS:
             raise PlannerError(f"cp_method={self.fixed['cp_method']!r}: choose one of {list(CP_METHODS)}")
+        if self.fixed.get("attention", "flash") not in ATTENTION:
+            raise PlannerError(f"attention={self.fixed['attention']!r}: choose one of {list(ATTENTION)}")
 
     def options(self, key: str, values: Sequence[Any]) -> list[Any]:
         """The values ``key`` may take: the fixed one, the first (off) if not allowed, else all."""
@@ -253,6 +257,9 @@ def _sharded(
     """The ZeRO stages, sequence parallelism, context-parallel attention and recomputation
     policies of one set of degrees."""
     dp, tp, cp = degrees.dp, degrees.tp, degrees.cp
+    # FlashAttention unless fixed: it holds no [B, N, S, S] scores and, on every chip, runs
+    # at least as fast as the scores in memory, so the standard kernel never wins a search
+    attention = c.fixed.get("attention", "flash")
     # ZeRO-2/3 without a pipeline only: the layer program reduces their gradients once a step,
     # where each of a pipeline's microbatches would reduce-scatter its own (or hold them whole)
     stages = (0, 1, 2, 3) if degrees.pp == 1 else (0, 1)
@@ -264,7 +271,9 @@ def _sharded(
                 continue
             for method in c.options("cp_method", list(CP_METHODS)) if cp > 1 else ["ring"]:
                 for recompute in c.options("recompute", list(RECOMPUTE)):
-                    base = degrees.replace(zero=zero, sp=sp, recompute=recompute, cp_method=method)
+                    base = degrees.replace(
+                        zero=zero, sp=sp, recompute=recompute, cp_method=method, attention=attention
+                    )
                     yield from _batches(model, base, batch_tokens, seq, c, orders)
 
 

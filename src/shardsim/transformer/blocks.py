@@ -28,6 +28,10 @@ Recomputation: ``selective`` stores Q, K, V but not P, its dropout mask or Pd, a
 recomputes steps 5-6 of attention in the backward pass (trace phase ``recompute``);
 ``full`` is :func:`layer_forward` again from the block input (see :mod:`.run`).
 
+Under ``attention=flash`` (and always under context parallelism) steps 5-6 are FlashAttention
+(:mod:`shardsim.context`): the output and its log-sum-exp are stored, never P, and the backward
+pass recomputes each tile's probabilities, so ``selective`` has nothing more to drop.
+
 >>> sorted(SAVED_ATTENTION)
 ['A', 'C', 'K', 'P', 'Pd', 'Q', 'V', 'mask attn_out', 'mask attn_probs', 'x']
 """
@@ -124,8 +128,7 @@ def attention_forward(step: Step, i: int, x: ShardedArray) -> tuple[ShardedArray
     if cfg.position == "rope":  # 4.
         q, k = rope(q, cfg.rope_theta, positions=step.positions), rope(k, cfg.rope_theta, positions=step.positions)
     saved = {"x": x, "A": a, "Q": q, "K": k, "V": v}
-    if step.roles.context is not None:  # 5-6. ring / all-gather attention: no S x S block is kept
-        assert step.positions is not None
+    if step.roles.fused:  # 5-6. FlashAttention (ring / all-gather under CP): no S x S block is kept
         o, saved["lse"] = context_parallel.forward(step.roles, step.positions, q, k, v)
         c = merge_heads(o).named("C")
     else:
@@ -158,8 +161,7 @@ def attention_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> 
     dc = split_heads((dy @ step.w(f"{pre}.attn.wo").T).named("dC"), cfg.heads)  # [B, S, N_Y, H]
     del dy
     q, k, v = saved["Q"], saved["K"], saved["V"]
-    if step.roles.context is not None:
-        assert step.positions is not None
+    if step.roles.fused:
         o = split_heads(saved["C"], cfg.heads)
         dq, dk, dv = context_parallel.backward(step.roles, step.positions, q, k, v, o, saved["lse"], dc)
         del o, dc

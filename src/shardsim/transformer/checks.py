@@ -47,6 +47,12 @@ def check_model(cfg: TransformerConfig, plan: Plan, seq: int, *, dropout_on: boo
         raise DivisibilityError(f"sequence length {seq} does not divide by {ax} for sequence parallelism (sp)")
     if plan.cp > 1:
         _check_context(cfg, plan, seq, dropout_on)
+    elif plan.attention == "flash" and dropout_on:
+        raise PlanError(
+            f"cfg.dropout={cfg.dropout} with attention=flash: attention dropout draws its masks on the whole "
+            "[B, N, S, S] probabilities, which FlashAttention never forms; run without a dropout_seed, with "
+            "cfg.scaled(dropout=0.0) or with attention=standard"
+        )
     if cfg.experts or plan.ep > 1:
         _check_experts(cfg, plan)
     if plan.zero == 3 and plan.dp > 1 and cfg.d_model % plan.dp:

@@ -68,18 +68,25 @@ def position_grads(dx: ShardedArray, pos: ShardedArray, partial: tuple[str, ...]
     return blockwise(fn, [dx, pos], (layout, (seq, d), dx.dtype), label="dpos_embed")
 
 
+def _positions(pos: ShardedArray | None, q: ShardedArray) -> ShardedArray:
+    """The rows' positions: the context-parallel order, or ``0..S-1`` on every chip without a context axis."""
+    return pos if pos is not None else shard(np.arange(q.global_shape[1]), q.mesh, "[S]", label="positions")
+
+
 def forward(
-    roles: Roles, pos: ShardedArray, q: ShardedArray, k: ShardedArray, v: ShardedArray
+    roles: Roles, pos: ShardedArray | None, q: ShardedArray, k: ShardedArray, v: ShardedArray
 ) -> tuple[ShardedArray, ShardedArray]:
-    """``(o, lse)``: attention of every chip's queries ``[B, S_C, N_Y, H]`` over the whole sequence."""
-    assert roles.context is not None
-    o, saved = context_attention(q, k, v, pos, axis=roles.context, causal=True, method=roles.cp_method)
+    """``(o, lse)``: attention of every chip's queries ``[B, S_C, N_Y, H]`` over the whole sequence
+    (ring or all-gather over the context axis, or one FlashAttention block without one)."""
+    o, saved = context_attention(
+        q, k, v, _positions(pos, q), axis=roles.context, causal=True, method=roles.cp_method
+    )
     return o.named("O"), saved.lse
 
 
 def backward(
     roles: Roles,
-    pos: ShardedArray,
+    pos: ShardedArray | None,
     q: ShardedArray,
     k: ShardedArray,
     v: ShardedArray,
@@ -88,6 +95,6 @@ def backward(
     do: ShardedArray,
 ) -> tuple[ShardedArray, ShardedArray, ShardedArray]:
     """``(dq, dk, dv)`` from the stored q, k, v, output and log-sum-exp (the scores are recomputed)."""
-    assert roles.context is not None
-    g = geometry(q, k, v, pos, axis=roles.context, causal=True, scale=None, method=roles.cp_method)
-    return context_attention_backward(AttentionSaved(g, roles.cp_method, q, k, v, pos, o, lse), do)
+    p = _positions(pos, q)
+    g = geometry(q, k, v, p, axis=roles.context, causal=True, scale=None, method=roles.cp_method)
+    return context_attention_backward(AttentionSaved(g, roles.cp_method, q, k, v, p, o, lse), do)

@@ -63,6 +63,7 @@ class Roles:
     context: str | None = None
     cp_method: str = "ring"
     expert: str | None = None  # expert parallelism: splits the experts, and the batch outside them
+    attention: str = "standard"  # the kernel without a context axis: "standard" or "flash"
 
     @classmethod
     def of(cls, plan: Plan, kv_heads: int | None = None) -> Roles:
@@ -77,6 +78,7 @@ class Roles:
             plan.axis("context"),
             plan.cp_method,
             plan.axis("expert"),
+            plan.attention,
         )
 
     @property
@@ -84,6 +86,11 @@ class Roles:
         """The axes splitting B: the data axis and, outside the experts, the expert axis
         (GShard's layout: attention is data parallel over the expert axis too)."""
         return tuple(a for a in (self.data, self.expert) if a is not None)
+
+    @property
+    def fused(self) -> bool:
+        """Attention runs FlashAttention's loop (always under context parallelism): no scores kept."""
+        return self.context is not None or self.attention == "flash"
 
     @property
     def seq(self) -> str | None:
