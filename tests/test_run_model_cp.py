@@ -92,7 +92,13 @@ def test_long_sequence_activations_per_chip_scale_as_s_over_cp(method: str) -> N
     # an attention that formed one chip's scores against every key, [N, S/cp, S] in float32, alone
     # would outgrow the whole step's peak
     assert peak4 < 4 * (s // 4) * s * 4
-    assert 3.9 * peak8 < peak4 <= 4 * peak8  # the peak is the score blocks' temporaries, (s/cp)^2
+    # a fused kernel holds its scores one tile at a time, so nothing of (s/cp)^2 is ever held: the
+    # ring's peak halves with cp doubled, as the stored values do (the weights' bytes do not);
+    # all-gather's holds full-length K, V and their partial gradients, which no cp shrinks
+    if method == "ring":
+        assert 1.99 * peak8 < peak4 < 2 * peak8
+    else:
+        assert peak8 < peak4 < 1.5 * peak8
 
 
 def test_ring_passes_the_kv_blocks_round_the_context_axis() -> None:

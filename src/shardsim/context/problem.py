@@ -2,7 +2,7 @@
 
 :func:`geometry` validates ``q [B, S_C, N, H]``, ``k``/``v [B, S_C, K, H]`` and the positions
 ``[S_C]`` (heads may also be split over a model axis, ``[B, S_C, N_Y, H]``) and returns a
-:class:`Geometry`: the sizes, the layouts of the running statistics and score blocks, and how
+:class:`Geometry`: the sizes, the layouts of the running statistics and score tiles, and how
 a block step's matmuls enter the trace. Each chip's block is cut into ``tiles`` query tiles
 and ``tiles`` key tiles (two, the two chunks of the balanced split, when the block has an
 even number of rows; without a context axis the kernel's 128-row tiles); a kernel skips a
@@ -90,32 +90,22 @@ class Geometry:
         b, s, n, h = self.q_layout.dims
         return Layout((b, n, s, h))
 
-    @property
-    def block_layout(self) -> Layout:
-        """``[B, N, S_C, T]``: one chip's scores against one key block of T = S/cp rows."""
-        b, s, n, _ = self.q_layout.dims
-        return Layout((b, n, s, Dim("T")))
-
     def scores(self, label: str) -> ShardedArray:
         """A block step's scores (or their gradient), float32, for the trace and the ledger only:
-        the kernels compute them in NumPy and nothing reads this value. Under context
-        parallelism the ``[B, N, S_C, T]`` block of the step; without a context axis one
-        ``KERNEL_TILE``-square tile, all a fused kernel holds of them at a time."""
-        if self.axis is not None:
-            return self.value(self.block_layout, None, label, "scores")
+        the kernels compute them in NumPy and nothing reads this value. A fused kernel holds one
+        tile of them at a time, ``KERNEL_TILE`` rows of queries by as many keys (fewer when a
+        chip's tile of the step is smaller): ``[B, N, Tq, Tk]``, never the ``S/cp`` square."""
         b, _, n, _ = self.q_layout.dims
-        tile = self.rows // self.tiles
-        tiles = Layout((b, n, Dim("Tq"), Dim("Tk")))
-        return self.value(tiles, None, label, "scores", shape=(self.batch, self.heads, tile, tile))
+        tile = min(KERNEL_TILE, self.rows // self.tiles)
+        layout = Layout((b, n, Dim("Tq"), Dim("Tk")))
+        return self.value(layout, None, label, "scores", shape=(self.batch, self.heads, tile, tile))
 
     def shape(self, layout: Layout) -> tuple[int, ...]:
-        """The global shape of a value of :attr:`rows_layout`, :attr:`acc_layout`, :attr:`block_layout`
-        or the kv layout."""
+        """The global shape of a value of :attr:`rows_layout`, :attr:`acc_layout` or the kv layout."""
         rows = (self.batch, self.heads, self.seq)
         shapes = {
             self.rows_layout: rows,
             self.acc_layout: (*rows, self.head_dim),
-            self.block_layout: (*rows, self.rows),
             self.kv_layout: (self.batch, self.seq, self.kv_heads, self.head_dim),
         }
         return shapes[layout]
