@@ -7,7 +7,9 @@ the balanced (zigzag) order of :func:`shardsim.context.balanced_order`, so conti
 ``S/cp`` blocks hold chunks ``i`` and ``2cp-1-i`` and every chip does the same work; the
 tokens, the targets, the learned positions and RoPE's angles all follow the real positions.
 The loss is a mean over all tokens, so the order does not change it; ``pos_embed``'s
-gradient is put back in the natural order.
+gradient is put back in the natural order. Without a context axis, under
+``attention=flash``, :func:`forward` and :func:`backward` run one FlashAttention block on
+every chip's whole sequence (positions ``0 .. S-1``).
 
 >>> order(8, 2, balanced=True).tolist(), order(8, 2, balanced=False).tolist()
 ([0, 1, 6, 7, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5, 6, 7])
