@@ -30,7 +30,7 @@ Layout('[B, S_C, N, H]')
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
 
 import numpy as np
 
@@ -45,7 +45,7 @@ __all__ = ["AttentionSaved", "balanced_order", "context_attention", "context_att
 _METHODS = {"ring": ring, "all_gather": gather}
 
 
-def _method(g: Geometry, method: str) -> Any:
+def _method(g: Geometry, method: str) -> ModuleType:
     """The module that runs it: the ring, the gather, or, without a context axis, one flash block."""
     return flash if g.axis is None else _METHODS[method]
 

@@ -20,7 +20,7 @@ from .problem import Geometry
 
 def _gathered(g: Geometry, x: ShardedArray) -> list[ShardedArray]:
     """The cp blocks of ``x`` gathered over the context axis (views of one gathered buffer)."""
-    full = all_gather(x, g.ring, label=x.label).as_category("temporaries")
+    full = all_gather(x, g.context_axis, label=x.label).as_category("temporaries")
     return split(full, 1 if x.ndim > 1 else 0, g.cp)
 
 
@@ -53,7 +53,7 @@ def backward(
     ks, vs, ps = _gathered(g, k), _gathered(g, v), _blocks(g, pos)
     seq = g.kv_layout.dims[1].name
     # a block's dK/dV on one chip: its queries' share, a partial sum over the context axis
-    partial = (g.kv_layout.with_dim(1, ()).with_partial((g.ring,)), (g.batch, g.rows, g.kv_heads, g.head_dim))
+    partial = (g.kv_layout.with_dim(1, ()).with_partial((g.context_axis,)), (g.batch, g.rows, g.kv_heads, g.head_dim))
     dq = g.filled(g.acc_layout, 0.0, "dQ")
     dks: list[ShardedArray] = []
     dvs: list[ShardedArray] = []
@@ -66,9 +66,9 @@ def backward(
     del ks, vs, ps, grads
     dk_full = concat(dks, seq)
     dks.clear()
-    dk = reduce_scatter(dk_full, g.ring, seq, label="dK")
+    dk = reduce_scatter(dk_full, g.context_axis, seq, label="dK")
     del dk_full
     dv_full = concat(dvs, seq)
     dvs.clear()
-    dv = reduce_scatter(dv_full, g.ring, seq, label="dV")
+    dv = reduce_scatter(dv_full, g.context_axis, seq, label="dV")
     return dq, dk, dv

@@ -67,7 +67,7 @@ class Geometry:
     tile_flops: int  # per chip, one matmul of one tile pair: 2 * b * n * (rows/tiles)^2 * H
 
     @property
-    def ring(self) -> str:
+    def context_axis(self) -> str:
         """The context axis the K/V blocks travel or are gathered over (ring and all-gather only)."""
         if self.axis is None:
             raise ShardingError("attention without a context axis moves no K/V blocks")
@@ -190,7 +190,7 @@ class Geometry:
         """The chips at position ``c`` of the context axis (and holding the attention's values)."""
         along = np.arange(self.cp) == c
         shape = [1] * len(self.mesh.shape)
-        shape[self.mesh.axis_index(self.ring)] = self.cp
+        shape[self.mesh.axis_index(self.context_axis)] = self.cp
         mask = np.broadcast_to(along.reshape(shape), self.mesh.shape)
         return mask & (True if self.holders is None else self.holders)
 

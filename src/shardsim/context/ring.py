@@ -22,7 +22,7 @@ Blocks = tuple[ShardedArray, ShardedArray, ShardedArray | None]  # K, V and (cau
 
 def _send(x: ShardedArray, g: Geometry) -> ShardedArray:
     """The block one step round the ring: chip c's lands on c + 1."""
-    return ppermute(x, g.ring, 1, label=x.label).as_category("temporaries")
+    return ppermute(x, g.context_axis, 1, label=x.label).as_category("temporaries")
 
 
 def _send_on(blocks: Blocks, g: Geometry) -> Blocks:

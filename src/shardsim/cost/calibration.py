@@ -128,19 +128,24 @@ _ZERO3_SERIAL = (
 )
 
 
+def _table2_model(size: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """Table 2's model of ``size``: GPT-3 175B with PTD-P's vocabulary of 51,200, or PTD-P's own."""
+    return ("gpt3-175b", (("vocab", 51200),)) if size == "175B" else (f"ptdp-{size.lower()}", ())
+
+
 def _zero3(gpus: int, tflops: float, size: str = "175B", batch: int = 1536) -> Run:
-    gpt3 = size == "175B"
+    model, overrides = _table2_model(size)
     return Run(
         f"ZeRO-3 {size}, {gpus:,} GPUs",
-        _Z3 if gpt3 else _Z3_530,
-        "gpt3-175b" if gpt3 else f"ptdp-{size.lower()}",
+        _Z3 if size == "175B" else _Z3_530,
+        model,
         str(Plan(dp=gpus, zero=3, recompute="full")),
         "a100",
         batch,
         tflops,
         f"{PTDP}, §5.2 Table 2 (ZeRO-3 without model parallelism, microbatch {batch // gpus})",
-        overrides=(("vocab", 51200),) if gpt3 else (),
-        assumed=("vocabulary 51,200 as all PTD-P GPT models; " if gpt3 else "")
+        overrides=overrides,
+        assumed=("vocabulary 51,200 as all PTD-P GPT models; " if overrides else "")
         + "DeepSpeed ZeRO-3 as ZeRO stage 3 over 'data'; "
         f"no overlap of communication with compute ({_ZERO3_SERIAL})",
         options=(("overlap", False),),
@@ -150,19 +155,19 @@ def _zero3(gpus: int, tflops: float, size: str = "175B", batch: int = 1536) -> R
 def _t2(size: str, p: int, gpus: int, batch: int, tflops: float) -> Run:
     """PTD-P's own rows of Table 2: model-parallel size ``8 p`` (Table 2 prints the product;
     TP 8 in a node and PP ``p`` across, as Table 1 runs these models), microbatch 1."""
-    gpt3 = size == "175B"
+    model, overrides = _table2_model(size)
     d = gpus // (8 * p)
     plan = Plan(dp=d, tp=8, pp=p, microbatches=batch // d, recompute="full")
     return Run(
         f"PTD-P {size}, {gpus:,} GPUs",
         _T2,
-        "gpt3-175b" if gpt3 else f"ptdp-{size.lower()}",
+        model,
         str(plan),
         "a100",
         batch,
         tflops,
         f"{PTDP}, §5.2 Table 2 (PTD-P, model-parallel size {8 * p}, microbatch 1)",
-        overrides=((("vocab", 51200),) if gpt3 else ()) + _UNTIED,
+        overrides=overrides + _UNTIED,
         assumed=f"model-parallel size {8 * p} as TP 8 x PP {p}; 1F1B; embedding and LM head untied (pp > 1)",
     )
 

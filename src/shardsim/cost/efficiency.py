@@ -157,7 +157,7 @@ class Calibration:
     """A chip's measured curves: ``matmul``, one :class:`CollectiveEfficiency` per network name,
     ``elementwise_passes``, the HBM passes the untimed kernels make over each matmul's
     output (``source`` says where from), and ``attention``, the fused attention kernel's rate
-    (None: its block matmuls run on the matmul curve, their scores written to HBM).
+    (None: its block matmuls run on the matmul curve).
 
     >>> Calibration(elementwise_passes=-0.1)
     Traceback (most recent call last):

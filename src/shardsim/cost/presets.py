@@ -92,8 +92,9 @@ ELEMENTWISE_PASSES_H100 = 1.36
 # Fused attention on Hopper, the best published kernel as MAMF is the best GEMM: FlashAttention-3
 # at head dim 128, sequence 16k, bf16 on an H100 SXM5, 648 TFLOP/s forward and 561 backward
 # (Shah et al. 2024, the attention speed figures; FlashAttention-2 on the same figures: 370
-# and 322, cuDNN 595 and 516). No A100 figure is here: PTD-P's Megatron of 2021 ran attention
-# as separate matmuls around a fused softmax, which the matmul curve times.
+# and 322, cuDNN 595 and 516). No A100 figure is here (PTD-P's Megatron of 2021 ran attention
+# as separate matmuls around a fused softmax, attention=standard): its fused blocks run on the
+# matmul curve.
 FLASH_H100 = AttentionEfficiency(
     648 / 989,
     561 / 989,
