@@ -290,10 +290,15 @@ def remove(directory: Path, names: Iterable[str]) -> None:
     """Delete ``names`` (never following a link) and then ``directory`` if that left it empty.
 
     Anything else in it stays, and so does the directory: only a checkpoint's own files go.
+    A directory that cannot be opened (a save's own, made unreadable by the umask) is still
+    removed if it is empty.
     """
     try:
         fd = os.open(directory, _DIR | NOFOLLOW)
     except OSError:
+        if not stat.S_ISLNK(_lstat_mode(directory)):
+            with suppress(OSError):
+                os.rmdir(directory)
         return
     try:
         for name in names:
@@ -307,6 +312,13 @@ def remove(directory: Path, names: Iterable[str]) -> None:
         os.close(fd)
     with suppress(OSError):
         os.rmdir(directory)
+
+
+def _lstat_mode(path: Path) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return 0
 
 
 def strays(parent: Path, name: str) -> list[Path]:
