@@ -158,9 +158,8 @@ def test_a_step_failed_in_its_optimizer_phase_leaves_the_ledger_as_it_was(plan: 
     live = mesh.memory.live().copy()
     before = {k: v.copy() for k, v in t.params_global().items()}
     at = first_event(t, data[1], "optimizer") + after
-    with pytest.raises(shardsim.ChipFailureError) as caught:
-        with fault_after(mesh, at, "chip"):
-            t.step(*data[1])
+    with pytest.raises(shardsim.ChipFailureError) as caught, fault_after(mesh, at, "chip"):
+        t.step(*data[1])
     heal(mesh)
     assert caught.value.__traceback__ is not None  # the caller still holds the traceback
     np.testing.assert_array_equal(mesh.memory.live(), live)

@@ -296,9 +296,8 @@ def remove(directory: Path, names: Iterable[str]) -> None:
     try:
         fd = os.open(directory, _DIR | NOFOLLOW)
     except OSError:
-        if not stat.S_ISLNK(_lstat_mode(directory)):
-            with suppress(OSError):
-                os.rmdir(directory)
+        with suppress(OSError):  # rmdir never follows a link: a link here stays
+            os.rmdir(directory)
         return
     try:
         for name in names:
@@ -312,13 +311,6 @@ def remove(directory: Path, names: Iterable[str]) -> None:
         os.close(fd)
     with suppress(OSError):
         os.rmdir(directory)
-
-
-def _lstat_mode(path: Path) -> int:
-    try:
-        return os.lstat(path).st_mode
-    except OSError:
-        return 0
 
 
 def strays(parent: Path, name: str) -> list[Path]:
