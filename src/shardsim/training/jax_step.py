@@ -11,6 +11,8 @@ the params' own dtype or in mixed precision (``precision="bf16"``: bfloat16 comp
 master weights and moments in the state's layout), with gradients reduced in a separate
 ``reduce_dtype`` if given, without loss scaling yet. The update is the optimizer's own
 :meth:`~shardsim.training.Adam.apply`, the code the NumPy trainer runs, here on the device's blocks.
+A mesh with a failed chip (``mesh.fail``) fails the step with ``ChipFailureError`` before anything
+is traced or run, as the NumPy trainer's first collective does; the trainer's state is untouched.
 
 >>> import numpy as np, shardsim
 >>> from shardsim.training import SGD, Trainer
