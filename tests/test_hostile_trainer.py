@@ -110,7 +110,7 @@ def test_a_restored_tensor_parallel_trainer_continues_bit_for_bit(tmp_path: Path
     resumes_bit_for_bit(LLAMA, Plan(tp=2, pp=2, microbatches=2), 1, 2, tmp_path)
 
 
-@settings(max_examples=10, deadline=None, derandomize=True)
+@settings(max_examples=6, deadline=None, derandomize=True)
 @given(
     plan=st.sampled_from(PLANS),
     k=st.integers(1, 2),

@@ -168,7 +168,9 @@ class ModelTrainer(Checkpointed):
 
     # -- the step ---------------------------------------------------------------------------
     def step(self, tokens: Any, targets: Any) -> StepResult:
-        """One training step on ``[B, S]`` token ids and next-token ``targets``; all or nothing.
+        """One training step on ``[B, S]`` token ids and next-token ``targets``; all or nothing
+        (as the MLP trainer's: a step that raises leaves the state and the ledger as they were,
+        even while the caller holds the exception).
 
         ``loss`` is the mean cross-entropy before the update (None shape-only); ``memory`` each
         chip's peak bytes by category over the whole step, ``model_state`` the live
