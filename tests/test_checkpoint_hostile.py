@@ -565,6 +565,91 @@ def test_a_full_disk_leaves_the_previous_checkpoint(tmp_path: Path, x: Any, monk
     assert [p.name for p in tmp_path.iterdir()] == ["c"]
 
 
+
+def test_save_refuses_to_replace_a_read_only_checkpoint_up_front(
+    tmp_path: Path, x: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Simulated through ``os.access`` (root, whom file modes do not stop, may run the tests)."""
+    path = checkpoint.save(tmp_path / "c", {"x": x})
+    before = {p.name: p.read_bytes() for p in path.iterdir()}
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == path else real(p, mode, **kw))
+    made = []
+    real_mkdir = os.mkdir
+    monkeypatch.setattr(os, "mkdir", lambda p, *a, **kw: (made.append(p), real_mkdir(p, *a, **kw))[1])
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.save(path, {"x": 2 * x})
+    assert str(e.value) == (
+        f"cannot save a checkpoint at {path}: the directory is read-only, so the checkpoint there cannot be "
+        f"replaced; make it writable (chmod u+w {path}) or save elsewhere"
+    )
+    assert not [p for p in made if ".tmp-" in str(p)]  # refused before anything was written
+    assert [p.name for p in tmp_path.iterdir()] == ["c"]
+    assert {p.name: p.read_bytes() for p in path.iterdir()} == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="file modes do not stop root")
+def test_save_over_a_checkpoint_made_read_only_leaves_no_temporary_directory(tmp_path: Path, x: Any) -> None:
+    path = checkpoint.save(tmp_path / "c", {"x": x})
+    path.chmod(0o555)
+    try:
+        with pytest.raises(CheckpointError, match="read-only"):
+            checkpoint.save(path, {"x": 2 * x})
+    finally:
+        path.chmod(0o755)
+    assert [p.name for p in tmp_path.iterdir()] == ["c"]
+
+
+def _denied_on_tmp(real: Any) -> Any:
+    """``real``, failing with EACCES when its first argument names a save's temporary directory."""
+
+    def call(name: Any, *args: Any, **kw: Any) -> Any:
+        if ".tmp-" in str(name):
+            raise PermissionError(errno.EACCES, "Permission denied", str(name))
+        return real(name, *args, **kw)
+
+    return call
+
+
+def _enospc(*args: Any, **kw: Any) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+# (module, attribute, replacement) triples failed together: each is a way a save can fail once its
+# temporary directory exists, with the cleanup's own calls failing where the fault would fail them
+SAVE_FAULTS = {
+    "the temporary directory cannot be opened": [(os, "open", _denied_on_tmp)],
+    "the disk fills and the directory cannot be listed": [("_files", "write_all", lambda real: _enospc),
+                                                          (os, "listdir", _denied_on_tmp)],
+    "the parent turns read-only before the swap": [(os, "rename", _denied_on_tmp),
+                                                   ("_files", "exchange", _denied_on_tmp)],
+    "the disk fills": [("_files", "write_all", lambda real: _enospc)],
+    "fsync fails": [(os, "fsync", lambda real: _enospc)],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("over", [False, True], ids=["first save", "over a checkpoint"])
+@pytest.mark.parametrize("fault", sorted(SAVE_FAULTS))
+def test_a_failed_save_leaves_no_temporary_directory(
+    tmp_path: Path, x: Any, monkeypatch: pytest.MonkeyPatch, fault: str, over: bool
+) -> None:
+    from shardsim.checkpoint import _files
+
+    path = tmp_path / "c"
+    if over:
+        checkpoint.save(path, {"x": x})
+    before = {p.name: p.read_bytes() for p in path.iterdir()} if over else None
+    for module, name, fail in SAVE_FAULTS[fault]:
+        target = _files if module == "_files" else module
+        monkeypatch.setattr(target, name, fail(getattr(target, name)))
+    with pytest.raises(CheckpointError, match=rf"^cannot write checkpoint {path}: "):
+        checkpoint.save(path, {"x": 2 * x, "y": x})
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == (["c"] if over else [])
+    if over:
+        assert {p.name: p.read_bytes() for p in path.iterdir()} == before
+        assert same_bits(checkpoint.load(path, x.mesh)["x"].to_global(), x.to_global())
+
 # -- plain values beside sharded ones --------------------------------------------------------------
 def test_plain_scalars_and_metadata_round_trip_with_their_types(tmp_path: Path, x: Any) -> None:
     meta = {

@@ -167,6 +167,32 @@ def test_refused_before_tracing() -> None:
         Trainer("ddp", shardsim.Mesh(X=2), p, engine="torch")
 
 
+
+@pytest.mark.parametrize(("name", "shape", "chip"), [("ddp", {"X": 4}, {"X": 3}), ("zero2", {"X": 2}, {"X": 1}),
+                                                     ("fsdp_tp", {"X": 2, "Y": 2}, {"X": 0, "Y": 1})])  # fmt: skip
+def test_a_failed_chip_fails_the_step_as_on_numpy_before_any_work(
+    name: str, shape: dict[str, int], chip: dict[str, int]
+) -> None:
+    params = shardsim.mlp.init_stack(2, 8, 16, seed=2)
+    x = np.random.default_rng(2).standard_normal((8, 8)).astype(np.float32)
+    mesh = shardsim.Mesh(shape)
+    got = Trainer(name, mesh, params, Adam(lr=0.01), engine="jax")
+    numpy = Trainer(name, shardsim.Mesh(shape), params, Adam(lr=0.01))
+    for first in (True, False):  # before the program is compiled, and after
+        mesh.fail(**chip)
+        numpy.mesh.fail(**chip)
+        with pytest.raises(shardsim.ChipFailureError):
+            numpy.step(x, 0 * x)
+        with pytest.raises(shardsim.ChipFailureError, match=r"step \d .*chip \(.*\) has failed.*checkpoint\.load"):
+            got.step(x, 0 * x)
+        assert got._engine_step._fn is None or not first  # refused before tracing
+        mesh.heal()
+        numpy.mesh.heal()
+        assert got.step_count == numpy.step_count
+        a, b = got.step(x, 0 * x), numpy.step(x, 0 * x)  # the fault gone, the step runs as on NumPy
+        assert a.step == b.step and a.loss == pytest.approx(b.loss, rel=1e-5)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Signed(SGD):
     """SGD on the gradient's sign: an update of one's own, written once, for both engines."""

@@ -290,10 +290,14 @@ def remove(directory: Path, names: Iterable[str]) -> None:
     """Delete ``names`` (never following a link) and then ``directory`` if that left it empty.
 
     Anything else in it stays, and so does the directory: only a checkpoint's own files go.
+    A directory that cannot be opened (a save's own, made unreadable by the umask) is still
+    removed if it is empty.
     """
     try:
         fd = os.open(directory, _DIR | NOFOLLOW)
     except OSError:
+        with suppress(OSError):  # rmdir never follows a link: a link here stays
+            os.rmdir(directory)
         return
     try:
         for name in names:

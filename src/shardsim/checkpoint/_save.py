@@ -203,6 +203,11 @@ def _existing(root: Path) -> list[str] | None:
     entries = os.listdir(root)
     if not entries:
         return []
+    if not os.access(root, os.W_OK):  # its old files could not be deleted once the new one is in
+        raise CheckpointError(
+            f"{what}: the directory is read-only, so the checkpoint there cannot be replaced; "
+            f"make it writable (chmod u+w {root}) or save elsewhere"
+        )
     if INDEX not in entries:
         raise CheckpointError(
             f"{what}: the directory holds files but no {INDEX}, so it is not a shardsim checkpoint; "
@@ -271,7 +276,8 @@ def _write_and_swap(root: Path, index: dict[str, Any], plans: list[_Plan], old: 
             os.close(dir_fd)
         _swap(tmp, root, old)
     except BaseException as e:
-        _files.remove(tmp, _files.own_files(tmp))
+        written = [INDEX] + [b["file"] for plan in plans for b in plan.meta["blocks"]]
+        _files.remove(tmp, {*written, *_files.own_files(tmp)})  # the names written, even if tmp cannot be listed
         if isinstance(e, (OSError, ValueError)) and not isinstance(e, CheckpointError):
             raise CheckpointError(f"cannot write checkpoint {root}: {cause(e)}") from e
         raise

@@ -24,7 +24,7 @@ from __future__ import annotations
 from . import policies
 from .footprint import model_memory
 from .loss import mse
-from .model_trainer import ModelTrainer
+from .model_trainer import ModelTrainer, step_dropout_seed
 from .optim import SGD, Adam, AdamW, Optimizer
 from .policies import BytePolicy
 from .precision import Precision
@@ -45,5 +45,6 @@ __all__ = [
     "model_memory",
     "mse",
     "policies",
+    "step_dropout_seed",
     "train_step",
 ]

@@ -11,6 +11,8 @@ the params' own dtype or in mixed precision (``precision="bf16"``: bfloat16 comp
 master weights and moments in the state's layout), with gradients reduced in a separate
 ``reduce_dtype`` if given, without loss scaling yet. The update is the optimizer's own
 :meth:`~shardsim.training.Adam.apply`, the code the NumPy trainer runs, here on the device's blocks.
+A mesh with a failed chip (``mesh.fail``) fails the step with ``ChipFailureError`` before anything
+is traced or run, as the NumPy trainer's first collective does; the trainer's state is untouched.
 
 >>> import numpy as np, shardsim
 >>> from shardsim.training import SGD, Trainer
@@ -30,7 +32,7 @@ import numpy as np
 
 from .. import engines
 from ..array import ShardedArray
-from ..errors import EngineError
+from ..errors import ChipFailureError, EngineError
 from ..layout import Layout
 from ..mesh import Mesh
 from ..ops import cast
@@ -184,6 +186,7 @@ class JaxStep:
         from .trainer import StepResult, _place
 
         t = self.trainer
+        _check_alive(t)  # the program runs on devices the failed chips do not stand for: refuse first
         dtype, state_dtype = t.precision.compute, t.precision.state_dtype
         x, target = np.asarray(x, dtype), np.asarray(target, dtype)
         key = (x.shape, target.shape)
@@ -248,6 +251,24 @@ class JaxStep:
         factors = np.asarray(t.optimizer.factors(t.step_count + 1), prec.state_dtype)
         x_, t_ = put(x, t.layouts["x"], prec.compute), put(target, t.layouts["out"], prec.compute)
         return weights, masters, moments, x_, t_, put(factors, "[N]", prec.state_dtype)
+
+
+def _check_alive(t: Trainer) -> None:
+    """Raise ChipFailureError, as the NumPy trainer's first collective does, if a chip of the mesh has failed.
+
+    Every supported step runs collectives in which every chip takes part (SPMD), so one failed
+    chip fails the step; the jitted program would not notice, its devices do not fail.
+    """
+    mesh = t.mesh
+    if not mesh.failed:
+        return
+    names = [mesh.chip_name(dict(zip(mesh.axis_names, c))) for c in sorted(mesh.failed)]
+    who = f"chip {names[0]} has" if len(names) == 1 else f"chips {', '.join(names)} have"
+    raise ChipFailureError(
+        f"Trainer(engine='jax') step {t.step_count + 1} ({t.scheme.name} on {mesh}) cannot run: {who} failed, "
+        "and every chip takes part in the step's collectives. Restore from a checkpoint onto a mesh without "
+        "it (shardsim.checkpoint.load), or mesh.heal() once it is back."
+    )
 
 
 def _host(v: Any) -> np.ndarray:

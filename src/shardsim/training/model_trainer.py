@@ -60,6 +60,7 @@ from .trainer import (
     MODEL_STATE,
     Checkpointed,
     StepResult,
+    _in_c_order,
     _optimizer,
     _owned,
     _roll_back,
@@ -81,8 +82,10 @@ class ModelTrainer(Checkpointed):
     (NumPy arrays, or :class:`~shardsim.ShapeDtype` for a shape-only run at real sizes).
     ``precision`` is a :class:`Precision` or a name (``fp32``, ``fp64``, ``bf16``), by
     default the plan's, else the params' own dtype; ``reduce_dtype`` the dtype gradients
-    are summed over the data axis in. ``dropout_seed`` turns on the config's dropout with
-    the reference's masks. :meth:`state` and :meth:`restore` checkpoint it as the MLP
+    are summed over the data axis in. ``dropout_seed`` (a non-negative integer) turns on the
+    config's dropout with the reference's masks, fresh every step: step ``n`` draws them from
+    :func:`step_dropout_seed(dropout_seed, n) <step_dropout_seed>`, so a restored trainer draws
+    the masks the original would have. :meth:`state` and :meth:`restore` checkpoint it as the MLP
     trainer's do (``{"params": {key: ...}, "master": ..., "moments": {slot: ...}, "step": ...}``).
 
     >>> import shardsim
@@ -133,7 +136,7 @@ class ModelTrainer(Checkpointed):
                 f"precision {self.precision}: the transformer's step has no loss scaling yet, which float16 "
                 "needs; use precision='bf16' (no loss scale) or the MLP Trainer"
             )
-        self.dropout_seed = dropout_seed
+        self.dropout_seed = _checked_seed(dropout_seed)
         self.roles = roles = Roles.of(plan, cfg.n_kv)
         self.data_axis = roles.data
         split = plan.zero >= 1 and roles.data is not None  # ZeRO-1/2/3: the state split over data
@@ -165,35 +168,44 @@ class ModelTrainer(Checkpointed):
 
     # -- the step ---------------------------------------------------------------------------
     def step(self, tokens: Any, targets: Any) -> StepResult:
-        """One training step on ``[B, S]`` token ids and next-token ``targets``; all or nothing.
+        """One training step on ``[B, S]`` token ids and next-token ``targets``; all or nothing
+        (as the MLP trainer's: a step that raises leaves the state and the ledger as they were,
+        even while the caller holds the exception).
 
         ``loss`` is the mean cross-entropy before the update (None shape-only); ``memory`` each
         chip's peak bytes by category over the whole step, ``model_state`` the live
         ``params``, ``grads`` and ``optimizer`` bytes between the backward pass and the update.
         """
-        from ..transformer.run import run_model
-
         undo: list[_Undo] = []
-        ledger = self.mesh.memory
-        ledger.reset_peak()
         try:
-            with trace() as t, self._reductions():
-                result = run_model(
-                    self.cfg, self.plan.replace(precision=None), self.mesh, self.params, tokens, targets,
-                    dropout_seed=self.dropout_seed,
-                )  # fmt: skip
-                model_state = {c: ledger.live(c) for c in MODEL_STATE}
-                stored = sum(result.stored, np.zeros(self.mesh.shape, np.int64))
-                grads, loss = result.sharded_grads, result.loss
-                grad_layouts = {k: str(v.layout) for k, v in grads.items()}
-                del result
-                with phase("optimizer"):
-                    self._update(grads, undo)
+            return self._step(tokens, targets, undo)
         except BaseException as e:
+            # Release what the aborted step made (the traceback's frames below this one hold
+            # it, the gradients the update did not reach among it), then undo.
             if e.__traceback__ is not None and e.__traceback__.tb_next is not None:
                 traceback.clear_frames(e.__traceback__.tb_next)
             _roll_back(self.mesh, undo)
             raise
+
+    def _step(self, tokens: Any, targets: Any, undo: list[_Undo]) -> StepResult:
+        from ..transformer.run import run_model
+
+        ledger = self.mesh.memory
+        ledger.reset_peak()
+        seed = None if self.dropout_seed is None else step_dropout_seed(self.dropout_seed, self.step_count + 1)
+        with trace() as t, self._reductions():
+            result = run_model(
+                self.cfg, self.plan.replace(precision=None), self.mesh, self.params, tokens, targets,
+                dropout_seed=seed,
+            )  # fmt: skip
+            model_state = {c: ledger.live(c) for c in MODEL_STATE}
+            stored = sum(result.stored, np.zeros(self.mesh.shape, np.int64))
+            grads, loss = result.sharded_grads, result.loss
+            grad_layouts = {k: str(v.layout) for k, v in grads.items()}
+            del result
+            with phase("optimizer"):
+                self._update(grads, undo)
+        # the commit: nothing below can fail
         self.step_count += 1
         names = self.mesh.axis_names
         layouts = {
@@ -234,7 +246,7 @@ class ModelTrainer(Checkpointed):
             if new is not None:
                 assert self.data_axis is not None
                 self.params[k] = None  # type: ignore[assignment]  # the gather below refills it
-                self.params[k] = all_gather(new, self.data_axis, label=k, category="params")
+                self.params[k] = _in_c_order(all_gather(new, self.data_axis, label=k, category="params"))
                 del new
 
     def _undo_entries(self) -> list[_Undo]:
@@ -284,3 +296,32 @@ def _own_all(placed: dict[str, ShardedArray]) -> dict[str, ShardedArray]:
         out[k] = v.named(k) if v.is_shape_only else _owned(v, k, v.category)  # shape-only: nothing shared
         del v
     return out
+
+
+def step_dropout_seed(seed: int, step: int) -> int:
+    """The dropout seed of training step ``step`` (1, 2, ...) of a run seeded ``seed``.
+
+    The first 32-bit word of ``numpy.random.SeedSequence([seed, step])``: every step draws
+    fresh masks, and they are a function of the two numbers alone, so a trainer restored from
+    a checkpoint (its step count with it) draws the masks the original would have drawn. Step
+    ``n`` of :meth:`ModelTrainer.step` runs :func:`~shardsim.transformer.run_model` with
+    ``dropout_seed=step_dropout_seed(seed, n)``, as the reference's
+    :func:`~shardsim.models.reference.dropout_mask` would with that seed.
+
+    >>> step_dropout_seed(0, 1), step_dropout_seed(0, 2)
+    (3964924996, 3141116543)
+    """
+    for name, value in (("dropout_seed", seed), ("step", step)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise PlanError(
+                f"{name} must be a non-negative integer, got {value!r}; pass e.g. {name}=0 "
+                "(dropout_seed=None turns dropout off)"
+            )
+    return int(np.random.SeedSequence([int(seed), int(step)]).generate_state(1)[0])
+
+
+def _checked_seed(seed: Any) -> int | None:
+    """A dropout seed: None (no dropout) or a non-negative integer, as NumPy's generators take."""
+    if seed is not None:
+        step_dropout_seed(seed, 0)  # refuses anything else
+    return None if seed is None else int(seed)

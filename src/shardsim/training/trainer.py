@@ -231,10 +231,9 @@ class Checkpointed:
                 mine.mesh.shape,
                 mine.layout,
             )
-            if same:
-                blocks = np.array(given.compact())
-            else:
-                blocks = np.array(shard(given.to_global(), mine.mesh, mine.layout).compact())
+            if not same:
+                given = shard(given.to_global(), mine.mesh, mine.layout)
+            blocks = np.array(given.compact(), order="C")  # held as every trainer holds its state
             fresh[path] = ShardedArray(
                 mine.mesh,
                 mine.layout,
@@ -522,8 +521,10 @@ class Trainer(Checkpointed):
                     sliced[k] = new
                     self.params[i][k] = None  # type: ignore[assignment]  # the gather below refills it
             if gather is not None:
-                self.params[i].update(gather(ctx, sliced))  # 3. AllGather the updated weights
+                gathered = gather(ctx, sliced)  # 3. AllGather the updated weights
                 del sliced
+                self.params[i].update({k: _in_c_order(gathered.pop(k)) for k in list(gathered)})
+                del gathered
         return layouts, False
 
     def _undo_entries(self) -> list[_Undo]:
@@ -807,11 +808,23 @@ def _place(value: Any, mesh: Mesh, layout: str, dtype: np.dtype, label: str, cat
 
 
 def _owned(x: ShardedArray, label: str | None, category: str) -> ShardedArray:
-    """A copy of ``x`` whose blocks the optimizer may update in place."""
-    data = None if x.is_shape_only else np.array(x.compact())
+    """A copy of ``x`` whose blocks the optimizer may update in place, in C order.
+
+    A trainer holds all its state in C order, however it was made (placed, gathered, restored):
+    NumPy's matmul rounds by the operands' memory layout, so a restored trainer computes the
+    next step bit for bit as the original only if both hold the same layout.
+    """
+    data = None if x.is_shape_only else np.array(x.compact(), order="C")
     return ShardedArray(
         x.mesh, x.layout, x.global_shape, x.dtype, data, label=label, category=category, holders=x.holders
     )
+
+
+def _in_c_order(x: ShardedArray) -> ShardedArray:
+    """``x`` itself if its blocks are in C order (a collective's result usually is), else its C-order copy."""
+    if x.is_shape_only or x.compact().flags.c_contiguous:
+        return x
+    return _owned(x, x.label, x.category)
 
 
 def _reductions_in(precision: Precision, ctx: Ctx, scheme: Scheme) -> contextlib.AbstractContextManager[Any]:
