@@ -67,6 +67,9 @@ class Layout:
         names (into single letters when each letter is an axis, else longest names first);
         without, each letter is one axis. ``"[]"`` is a rank-0 value. ``str(layout)`` parses
         back to ``layout`` on its mesh: axes with names longer than a letter print in braces.
+        A ``PartitionSpec`` (JAX's or :data:`shardsim.specs.P`) is read as JAX reads it, its
+        dimensions called ``d0``, ``d1``, ...; text that reads like one (``"X, None"``: a dimension
+        called ``None``, or an unsplit one named as a mesh axis) is refused with the layout it means.
 
         >>> Layout.parse("[]"), Layout.parse("D_{data,αβ}").dims[0].axes
         (Layout('[]'), ('data', 'αβ'))
@@ -76,7 +79,10 @@ class Layout:
         if is_partition_spec(text):
             from .specs import spec_layout  # a layer above: it reads PartitionSpecs
 
-            return spec_layout(text, None if axis_names is None else _axis_names(repr(text), axis_names))
+            if axis_names is None:
+                return spec_layout(text)
+            names = _axis_names(repr(text), axis_names)
+            return spec_layout(text, names).validate(names)  # as a run-together subscript is checked
         if not isinstance(text, str):
             raise LayoutParseError(
                 f"a layout is a string such as '[B_X, D_Y]', got {type(text).__name__} {text!r}"
