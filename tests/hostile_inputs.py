@@ -18,12 +18,16 @@ from typing import Any
 import numpy as np
 
 import shardsim
+from shardsim.specs import P
 
 HOSTILE: list[Any] = [
     None, 0, -1, 1, 2, 5, 1.5, math.nan, math.inf, -math.inf, "1", "X", "Y", "", "Z", ("X",), ("X", "Y"),
     ("X", "X"), (), [], ["X", 5], {"X": 2}, b"X", True, 2**63, -(2**63), 10**30, np.int64(1), np.float32(np.nan),
     np.zeros(0), np.ones((2, 3)), object(), 1j, slice(None), Ellipsis, "[B_X, D]", "B_{X,", "[]", "B", "D",
     -2, 0.0, -0.0, 1e308, [(0, 1), (1, 0)], [(0, 1)], "float32", "int8", "bfloat16",
+    # JAX's habits: a PartitionSpec as text or as an object, make_mesh's shape and names
+    "X, None", "[X, Y]", "None", "P('X', None)", P("X", None), P(("X", "Y")), P("X", unreduced={"Y"}), P(None, "Z"),
+    (2, 2), ("data", "model"),
 ]  # fmt: skip
 
 A = np.arange(8.0).reshape(2, 4) - 3
@@ -107,6 +111,16 @@ CASES: dict[str, tuple[int, Callable[..., Any], Callable[[Any, Sequence[Any]], b
         1,
         lambda env, n: shardsim.Layout.parse("B_X D", n),
         lambda v, a: v == shardsim.Layout.parse("B_X D") and (a[0] is None or "X" in tuple(a[0])),
+    ),
+    # JAX's positional Mesh(shape, names) and its devices=: never a mesh
+    "Mesh(shape, names)": (2, lambda env, a, b: shardsim.Mesh(a, b), lambda v, a: False),
+    "Mesh(devices=)": (1, lambda env, d: shardsim.Mesh(X=2, devices=d), lambda v, a: False),
+    # jax.lax's array-dimension axis= beside shardsim's mesh axis: never a value
+    "all_gather(axis=)": (1, lambda env, d: shardsim.all_gather(env["x"], "Y", axis=d), lambda v, a: False),
+    "reduce_scatter(axis=)": (
+        1,
+        lambda env, d: shardsim.reduce_scatter(env["p"], "X", "B", axis=d),
+        lambda v, a: False,
     ),
     "mesh.coords": (1, lambda env, i: env["mesh"].coords(i), lambda v, a: v == {"X": a[0] // 2, "Y": a[0] % 2}),
     "mesh.slow": (1, lambda env, f: env["mesh"].slow(f, X=0), lambda v, a: env_slow_ok(a)),

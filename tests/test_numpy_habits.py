@@ -232,3 +232,13 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         shardsim.nonexistent  # noqa: B018
     assert "cost" in dir(shardsim) and "Trainer" in dir(shardsim)
+
+
+def test_bfloat16_promotes_with_ints_and_float16_as_the_docs_say() -> None:
+    # docs/errors.md and docs/design.md: with ml_dtypes >= 0.7 these pairs promote, they are not refused
+    mesh = Mesh(X=2)
+    b = shardsim.shard(np.ones((2, 2), ml_dtypes.bfloat16), mesh, "B D")
+    i = shardsim.shard(np.full((2, 2), 3, np.int32), mesh, "D F")
+    h = shardsim.shard(np.ones((2, 2), np.float16), mesh, "B D")
+    assert (b @ i).dtype == np.float64 and np.array_equal(np.asarray(b @ i), np.full((2, 2), 6.0))
+    assert (b + h).dtype == np.float32 and np.array_equal(np.asarray(b + h), np.full((2, 2), 2.0, np.float32))

@@ -37,7 +37,7 @@ from .errors import (
     ShardingError,
 )
 from .holders import held_where
-from .layout import Layout
+from .layout import Layout, is_partition_spec
 from .mesh import Mesh
 
 _uids = itertools.count(1)
@@ -416,9 +416,28 @@ def _axes_arg(axes: tuple[str, ...]) -> str:
     return repr(axes[0]) if len(axes) == 1 else repr(axes)
 
 
-def _parse(layout: str | Layout, mesh: Mesh, op: str = "shard") -> Layout:
+def _parse(
+    layout: str | Layout, mesh: Mesh, op: str = "shard", *, ndim: int | None = None, names: Sequence[str] | None = None
+) -> Layout:
+    """``layout`` on ``mesh``, checked; a ``PartitionSpec`` is converted as JAX reads it on an
+    ``ndim``-dimensional value (a short spec leaves the last dimensions unsplit), its dimensions
+    called ``names`` (default ``d0``, ``d1``, ...)."""
     require_mesh(mesh, "mesh", op)
+    if is_partition_spec(layout):
+        from .specs import from_partition_spec  # a layer above layouts and meshes
+
+        return from_partition_spec(layout, mesh, ndim=ndim, names=names)
     return Layout.parse(layout, mesh.axis_names).validate(mesh.axis_names)
+
+
+def _ndim(value: Any) -> int | None:
+    """The rank of an array-like about to be sharded, or None if NumPy cannot tell (reported later)."""
+    if isinstance(value, ShapeDtype):
+        return len(value.shape)
+    try:
+        return int(np.ndim(value))
+    except Exception:  # a ragged or hostile object: shard() reports it when it reads the data
+        return None
 
 
 def shard(
@@ -439,7 +458,7 @@ def shard(
     >>> w.local_shape
     (2, 4)
     """
-    lay = _parse(layout, mesh)
+    lay = _parse(layout, mesh, ndim=_ndim(array) if is_partition_spec(layout) else None)
     if lay.partial:
         raise PartialSumError(
             f"shard() splits a global array, which is never a partial sum ({lay}); build partial "

@@ -30,9 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import inspect
 import numbers
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+from typing import cast as typed_as
 
 import numpy as np
 
@@ -45,8 +48,70 @@ from .layout import Layout
 from .mesh import normalize_axes
 
 Axes = str | Iterable[str]
+_Collective = TypeVar("_Collective", bound=Callable[..., ShardedArray])
+
+# jax.lax's keywords for its collectives, and what each is in shardsim (docs/coming-from-jax.md).
+_JAX_KEYWORDS = {
+    "axis_name": "shardsim's axis is JAX's axis_name",
+    "axis_index_groups": "shardsim has no axis_index_groups: a collective runs over whole mesh axes",
+    "tiled": "shardsim's collectives are always tiled: drop tiled=",
+    "scatter_dimension": "reduce_scatter's dim is JAX's scatter_dimension",
+    "split_axis": "all_to_all's dst_dim is JAX's split_axis",
+    "concat_axis": "all_to_all's src_dim is JAX's concat_axis",
+}
 
 
+def _refuses_jax_calls(usage: str) -> Callable[[_Collective], _Collective]:
+    """Turn a call Python would refuse with a bare TypeError (an unknown keyword, ``axis`` given twice,
+    too many positional arguments) into :class:`ArgumentTypeError` naming shardsim's form ``usage``.
+
+    The mistakes are JAX's habits: ``all_gather(x, "Y", axis=1)`` passes jax.lax's array dimension
+    as ``axis``, which is shardsim's mesh axis (JAX's ``axis_name``); shardsim reads the dimension
+    from the layout.
+    """
+
+    def wrap(fn: _Collective) -> _Collective:
+        params = list(inspect.signature(fn).parameters.values())
+        positional = [p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+        keywords = {p.name for p in params if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+
+        @functools.wraps(fn)
+        def checked(*args: Any, **kwargs: Any) -> ShardedArray:
+            given = set(positional[: len(args)])
+            if len(args) > len(positional) or any(k not in keywords or k in given for k in kwargs):
+                raise ArgumentTypeError(_jax_call_message(fn.__name__, usage, positional, args, kwargs))
+            return fn(*args, **kwargs)
+
+        return typed_as(_Collective, checked)
+
+    return wrap
+
+
+def _jax_call_message(op: str, usage: str, positional: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    given = set(positional[: len(args)])
+    why = f"{op} takes {len(positional)} positional arguments ({', '.join(positional)}), got {len(args)}"
+    for k, v in kwargs.items():
+        if k == "axis" and k in given:
+            dim = " (the dimension it scatters is dim)" if op == "reduce_scatter" else ""
+            why = (
+                f"axis={v!r} is given after the mesh axis: shardsim's axis is the mesh axis (JAX's axis_name), "
+                f"and jax.lax's axis=, the array dimension, is read from x's layout{dim}"
+            )
+            break
+        if k in given:
+            why = f"{k}= is given twice, by position and by keyword"
+            break
+        if k in _JAX_KEYWORDS:
+            why = f"{k}={v!r} is jax.lax's: {_JAX_KEYWORDS[k]}"
+            break
+        if k not in positional:
+            why = f"{op} has no argument {k}="
+            break
+    return f"{op}: {why}; call it as {usage} (docs/coming-from-jax.md has the table)"
+
+
+
+@_refuses_jax_calls("all_gather(x, 'Y')")
 def all_gather(
     x: ShardedArray, axis: Axes, *, label: str | None = None, category: str | None = None
 ) -> ShardedArray:
@@ -71,6 +136,7 @@ def all_gather(
     return out
 
 
+@_refuses_jax_calls("reduce_scatter(x, 'Y', dim)")
 def reduce_scatter(x: ShardedArray, axis: Axes, dim: str | int, *, label: str | None = None) -> ShardedArray:
     """Sum the partials over ``axis`` and split ``dim`` over it: ``[A, B]{U_X} -> [A_X, B]``."""
     axes = _axes(x, axis, "reduce_scatter")
@@ -92,6 +158,7 @@ def reduce_scatter(x: ShardedArray, axis: Axes, dim: str | int, *, label: str | 
     return out
 
 
+@_refuses_jax_calls("all_reduce(x, 'Y')")
 def all_reduce(x: ShardedArray, axis: Axes, *, label: str | None = None) -> ShardedArray:
     """Sum the partials over ``axis``; every chip of the group gets the sum: ``{U_X}`` cleared."""
     axes = _axes(x, axis, "all_reduce")
@@ -110,6 +177,7 @@ def all_reduce(x: ShardedArray, axis: Axes, *, label: str | None = None) -> Shar
     return out
 
 
+@_refuses_jax_calls("all_to_all(x, 'Y', src_dim, dst_dim)")
 def all_to_all(
     x: ShardedArray, axis: Axes, src_dim: str | int, dst_dim: str | int, *, label: str | None = None
 ) -> ShardedArray:
@@ -149,6 +217,7 @@ def all_to_all(
     return out
 
 
+@_refuses_jax_calls("ppermute(x, 'Y', shift) or ppermute(x, 'Y', perm=[(0, 1), (1, 0)])")
 def ppermute(
     x: ShardedArray,
     axis: Axes,

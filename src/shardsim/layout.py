@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import numbers
 import re
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from .errors import LayoutParseError, MatmulShardingError, MeshAxisError, ShapeError
 
@@ -28,6 +29,13 @@ if TYPE_CHECKING:
 
 # A letter (any script: mesh axes may be named "αβ"), then letters and digits; never "_".
 _NAME = re.compile(r"[^\W\d_][^\W_]*")
+# How a JAX user gets a layout from a PartitionSpec, named wherever a spec is mistaken for a layout.
+SPEC_ROUTE = (
+    "a JAX PartitionSpec converts with Layout.from_partition_spec(P('X', None), mesh) "
+    "(P is jax.sharding.PartitionSpec or shardsim.specs.P)"
+)
+# Dimension names a layout suggested in place of a PartitionSpec's entries uses, in order.
+_SUGGESTED_NAMES = "BDFGHKLMNRST"
 # One dimension or partial-sum token: commas inside a brace subscript (D_{data,model}) do not split it.
 _TOKEN = re.compile(r"[^,\s{]*\{[^}]*\}?[^,\s]*|[^,\s]+")
 
@@ -59,14 +67,27 @@ class Layout:
         names (into single letters when each letter is an axis, else longest names first);
         without, each letter is one axis. ``"[]"`` is a rank-0 value. ``str(layout)`` parses
         back to ``layout`` on its mesh: axes with names longer than a letter print in braces.
+        A ``PartitionSpec`` (JAX's or :data:`shardsim.specs.P`) is read as JAX reads it, its
+        dimensions called ``d0``, ``d1``, ...; text that reads like one (``"X, None"``: a dimension
+        called ``None``, or an unsplit one named as a mesh axis) is refused with the layout it means.
 
         >>> Layout.parse("[]"), Layout.parse("D_{data,αβ}").dims[0].axes
         (Layout('[]'), ('data', 'αβ'))
         """
         if isinstance(text, Layout):
             return text
+        if is_partition_spec(text):
+            from .specs import spec_layout  # a layer above: it reads PartitionSpecs
+
+            if axis_names is None:
+                return spec_layout(text)
+            names = _axis_names(repr(text), axis_names)
+            return spec_layout(text, names).validate(names)  # as a run-together subscript is checked
         if not isinstance(text, str):
-            raise LayoutParseError(f"a layout is a string such as '[B_X, D_Y]', got {text!r}")
+            raise LayoutParseError(
+                f"a layout is a string such as '[B_X, D_Y]', got {type(text).__name__} {text!r}"
+                + (f"; {SPEC_ROUTE}" if isinstance(text, (tuple, list)) else "")
+            )
         return _Parser(text, axis_names).parse()
 
     # -- JAX PartitionSpec and DTensor placements: the mapping lives in shardsim.specs (a
@@ -163,6 +184,23 @@ class Layout:
         return f"Layout('{self}')"
 
 
+def is_partition_spec(value: Any) -> TypeGuard[Iterable[Any]]:
+    """Whether ``value`` is JAX's ``PartitionSpec`` or :class:`shardsim.specs.PartitionSpec`.
+
+    JAX is never imported to ask: a JAX spec exists only once ``jax.sharding`` is imported.
+    """
+    jax_sharding = sys.modules.get("jax.sharding")
+    if jax_sharding is not None and isinstance(value, getattr(jax_sharding, "PartitionSpec", ())):
+        return True
+    cls = type(value)
+    return cls.__name__ == "PartitionSpec" and cls.__module__ == "shardsim.specs"
+
+
+def _spec_entry(axes: tuple[str, ...]) -> str:
+    """A dimension's PartitionSpec entry as text: ``None``, ``'X'`` or ``('X', 'Y')``."""
+    return "None" if not axes else repr(axes[0]) if len(axes) == 1 else repr(axes)
+
+
 def _subscript(axes: tuple[str, ...]) -> str:
     if not axes:
         return ""
@@ -193,9 +231,39 @@ class _Parser:
         self.axis_names = None if axis_names is None else _axis_names(text, axis_names)
 
     def fail(self, pos: int, why: str) -> LayoutParseError:
+        looks_like_a_spec = re.search(r"['\"()]|\bNone\b", self.text) is not None
         return LayoutParseError(
             f"cannot parse layout {self.text!r}: {why}\n    {self.text}\n    {' ' * pos}^\n"
             "expected e.g. '[B_X, D_Y]', 'B_X D_Y', '[D_XY, F]' or '[B, D]{U_Y}'"
+            + (f"; {SPEC_ROUTE}" if looks_like_a_spec else "")
+        )
+
+    def refuse_spec_entries(self, dims: list[Dim]) -> None:
+        """Refuse the dimensions a PartitionSpec's entries would make: ``None``, or a bare mesh axis name.
+
+        ``"X, None"`` and ``"[X, Y]"`` are JAX's ``P("X", None)`` and ``P("X", "Y")`` written as
+        text; read as layouts they would be replicated dimensions called ``X`` and ``None``.
+        """
+        axes = self.axis_names or ()
+        bad = [d.name for d in dims if d.name == "None" or (not d.axes and d.name in axes)]
+        if not bad:
+            return
+        taken = set(axes) | {d.name for d in dims}
+        free = iter([n for n in _SUGGESTED_NAMES if n not in taken] + [f"d{i}" for i in range(len(dims))])
+        book = []
+        for d in dims:
+            if d.name == "None":
+                book.append(Dim(next(free)))
+            elif not d.axes and d.name in axes:
+                book.append(Dim(next(free), (d.name,)))
+            else:
+                book.append(d)
+        entries = ", ".join(_spec_entry(d.axes) for d in book)
+        raise LayoutParseError(
+            f"layout {self.text!r} reads like a JAX PartitionSpec: it would make unsplit dimensions called "
+            f"{bad}. A layout names every dimension and writes the mesh axes that split it after '_', "
+            f"as in {str(Layout(tuple(book)))!r}; a dimension may not be called None, nor, unsplit, by a mesh "
+            f"axis's name. Or convert the spec: Layout.from_partition_spec(P({entries}), mesh)"
         )
 
     def parse(self) -> Layout:
@@ -217,6 +285,7 @@ class _Parser:
             dims.append(self._dim(match.group(), offset + match.start()))
         if not dims and not stripped.startswith("["):
             raise self.fail(offset, "no dimensions (a rank-0 value is written '[]')")
+        self.refuse_spec_entries(dims)
         part = self._partial(partial, brace) if brace is not None else ()
         return Layout(tuple(dims), part)
 

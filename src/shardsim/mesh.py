@@ -16,6 +16,7 @@ import itertools
 import math
 import numbers
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,9 @@ _RESERVED = {
     "size": "the attribute Mesh.size",
     "failed": "the attribute Mesh.failed",
     "capacity": "the ledger's capacity: set mesh.memory.capacity = bytes per chip",
+    # JAX's Mesh(devices, axis_names) and make_mesh(..., devices=): Mesh(X=2, devices=4) would
+    # otherwise be an 8-chip mesh with an axis called "devices" (JAX's other keywords have a '_')
+    "devices": "JAX's Mesh(devices, ...): a shardsim mesh's chips are virtual, as many as its axis sizes multiply to",
 }
 
 
@@ -51,12 +55,9 @@ class Mesh:
     (4, 2)
     """
 
-    def __init__(self, axes: Mapping[str, int] | None = None, /, **sizes: int) -> None:
-        if axes is not None and not isinstance(axes, Mapping):
-            raise ArgumentTypeError(
-                f"Mesh(axes): axes is a mapping of axis names to sizes, e.g. Mesh({{'data': 4}}), "
-                f"got {type(axes).__name__} {axes!r}"
-            )
+    def __init__(self, axes: Mapping[str, int] | None = None, /, *positional: Any, **sizes: int) -> None:
+        if positional or (axes is not None and not isinstance(axes, Mapping)):
+            raise ArgumentTypeError(_positional_message(axes, positional))
         spec: dict[str, int] = dict(axes or {})
         for name, size in sizes.items():
             if name in spec:
@@ -232,6 +233,34 @@ class Mesh:
         from .pictures import mesh_html
 
         return mesh_html(self)
+
+
+def _positional_message(axes: Any, positional: tuple[Any, ...]) -> str:
+    """Why ``Mesh(axes, *positional)`` is refused: the one positional argument is a mapping of sizes.
+
+    JAX's ``Mesh(devices, axis_names)`` and ``make_mesh((2, 2), ("X", "Y"))`` put the sizes and the
+    names in two sequences; the message spells the same mesh the shardsim way when it can.
+    """
+    given = ", ".join(
+        f"<{type(a).__name__} of shape {a.shape}>" if hasattr(a, "shape") else repr(a) for a in (axes, *positional)
+    )
+    return (
+        f"Mesh({given}): axes is a mapping of axis names to sizes, and the only positional argument; "
+        f"name each axis with its size: {_same_mesh(axes, positional)} (or Mesh({{'data': 4, 'model': 2}})), "
+        "not JAX's positional Mesh(devices, axis_names) or make_mesh(shape, names)"
+    )
+
+
+def _same_mesh(axes: Any, positional: tuple[Any, ...]) -> str:
+    """``Mesh(X=2, Y=2)`` for JAX's ``((2, 2), ("X", "Y"))`` or a device array and names; an example otherwise."""
+    try:
+        sizes = tuple(np.shape(axes)) if hasattr(axes, "shape") else tuple(int(n) for n in axes)
+        names = tuple(positional[0]) if positional else ("X", "Y", "Z", "W")[: len(sizes)]
+        if len(names) != len(sizes) or not all(isinstance(n, str) for n in names):
+            raise ValueError(names)
+        return "Mesh(" + ", ".join(f"{a}={n}" for a, n in zip(names, sizes)) + ")"
+    except Exception:  # neither a shape nor a device array with names: no translation to offer
+        return "Mesh(X=2, Y=2)"
 
 
 def normalize_axes(axis: str | Iterable[str], argument: str = "axis", op: str = "") -> tuple[str, ...]:

@@ -484,7 +484,8 @@ def _check_partial_dtype(x: ShardedArray, dtype: np.dtype, what: str) -> None:
 
 def _common_dtype(op: Callable[[Any, Any], Any], a: ShardedArray, b: ShardedArray, what: str) -> np.dtype:
     """The one dtype rule for two operands: NumPy's promotion (``np.result_type``) and the op's own
-    result type; a pair NumPy has no common dtype for (bfloat16 with float16 or int32) is refused."""
+    result type; a pair NumPy has no common dtype for is refused (ml_dtypes 0.7, which shardsim
+    requires, gives bfloat16 one with every number type: with int32 float64, with float16 float32)."""
     try:
         common = np.result_type(a.dtype, b.dtype)
     except TypeError as e:  # DTypePromotionError

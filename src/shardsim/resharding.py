@@ -174,7 +174,7 @@ def global_from_compact(
 
 # -- target layout --------------------------------------------------------------------------
 def _target(x: ShardedArray, layout: str | Layout) -> Layout:
-    target = _parse(layout, x.mesh)
+    target = _parse(layout, x.mesh, "reshard", ndim=x.ndim, names=x.layout.names)  # a PartitionSpec keeps x's names
     _check_same_dims(x, target)
     local_shape_of(x.mesh, target, x.global_shape)  # DivisibilityError naming the dimension
     new_partial = [a for a in target.partial if a not in x.layout.partial]
@@ -362,7 +362,7 @@ def local_slice(
 
 # -- onto another mesh -----------------------------------------------------------------------
 def _host_transfer(x: ShardedArray, layout: str | Layout, mesh: Mesh, label: str | None) -> ShardedArray:
-    target = _parse(layout, mesh)
+    target = _parse(layout, mesh, "reshard", ndim=x.ndim, names=x.layout.names)
     _check_same_dims(x, target)
     if target.partial:
         raise PartialSumError(

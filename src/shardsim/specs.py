@@ -158,6 +158,27 @@ def from_partition_spec(
     >>> from_partition_spec(P(("Y", "X"), unreduced={"Z"}), Mesh(X=2, Y=2, Z=2), ndim=2)
     Layout('[d0_YX, d1]{U_Z}')
     """
+    layout = spec_layout(spec, mesh.axis_names, names=names, ndim=ndim)
+    unreduced = {str(a) for a in getattr(spec, "unreduced", ()) or ()}
+    for a in sorted(unreduced - set(mesh.axis_names)):
+        mesh.check_axis(a)  # names the axes the mesh has
+    return layout.validate(mesh.axis_names)
+
+
+def spec_layout(
+    spec: Iterable[Any],
+    axis_names: Sequence[str] | None = None,
+    *,
+    names: Sequence[str] | str | None = None,
+    ndim: int | None = None,
+) -> Layout:
+    """The layout a ``PartitionSpec`` spells, not yet checked against a mesh (:func:`from_partition_spec` checks).
+
+    ``unreduced`` axes come in the order of ``axis_names`` (a mesh's), else sorted.
+
+    >>> spec_layout(P("X", None, unreduced={"Y"}))
+    Layout('[d0_X, d1]{U_Y}')
+    """
     if isinstance(spec, str) or not hasattr(spec, "__iter__"):  # JAX's own PartitionSpec is no Sequence
         raise LayoutParseError(
             f"a PartitionSpec is a sequence with one entry per dimension, e.g. P('X', None); got {spec!r}"
@@ -170,13 +191,11 @@ def from_partition_spec(
     entries += [None] * (rank - len(entries))
     axes = [_spec_axes(e, spec) for e in entries]
     unreduced = {str(a) for a in getattr(spec, "unreduced", ()) or ()}
-    layout = Layout(
+    order = list(axis_names or ()) + sorted(unreduced - set(axis_names or ()))
+    return Layout(
         tuple(Dim(n, a) for n, a in zip(_names(names, rank), axes)),
-        tuple(a for a in mesh.axis_names if a in unreduced),
+        tuple(a for a in order if a in unreduced),
     )
-    for a in sorted(unreduced - set(mesh.axis_names)):
-        mesh.check_axis(a)  # names the axes the mesh has
-    return layout.validate(mesh.axis_names)
 
 
 # -- layouts <-> DTensor placements -----------------------------------------------------------

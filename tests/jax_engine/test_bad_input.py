@@ -79,3 +79,23 @@ def test_float64_without_x64() -> None:
             engine.run_strategy("ddp", shardsim.Mesh(X=2), P, X.astype(np.float64), X)
     finally:
         jax.config.update("jax_enable_x64", was)
+
+
+def test_a_jax_mesh_with_one_device_twice() -> None:
+    d = jax.devices()
+    jmesh = jax.sharding.Mesh(np.array([[d[0], d[1]], [d[2], d[0]]]), ("X", "Y"))
+    want = r"holds device .* twice \(at \(0, 0\) and \(1, 1\)\).*jax\.make_mesh\(\(2, 2\)"
+    with pytest.raises(EngineError, match=want):
+        engine.run_strategy("ddp", jmesh, P, X, X, axes={"data": "X"})
+
+
+def test_a_jax_partition_spec_is_a_layout() -> None:
+    from jax.sharding import PartitionSpec
+
+    mesh = shardsim.Mesh(X=2, Y=4)
+    a = np.arange(32.0).reshape(8, 4)
+    x = shardsim.shard(a, mesh, PartitionSpec("X"))  # short, as JAX reads it: D unsplit
+    assert str(x.layout) == "[d0_X, d1]" and np.array_equal(x.local(X=1, Y=3), a[4:])
+    y = shardsim.reshard(shardsim.shard(a, mesh, "[B, D]"), PartitionSpec(None, "Y"))
+    assert str(y.layout) == "[B, D_Y]" and np.array_equal(y.local(X=0, Y=2), a[:, 2:3])
+    assert shardsim.Layout.parse(PartitionSpec(("X", "Y"), None), mesh.axis_names) == shardsim.Layout.parse("d0_XY d1")

@@ -18,7 +18,7 @@ import numpy as np
 from .. import mlp
 from ..activations import get as get_activation
 from ..array import ShapeDtype, ShardedArray
-from ..errors import MeshAxisError, ShardingError
+from ..errors import MeshAxisError, ModelInputError, ShardingError
 from ..ops import activation, activation_grad, multiply
 
 ROLE_DEFAULTS = {"data": "X", "model": "Y", "pipe": "Z", "expert": "Y"}  # expert: like TP, on the fast axis
@@ -98,11 +98,45 @@ class Scheme:
     def __post_init__(self) -> None:
         if self.reference is None:
             object.__setattr__(self, "reference", mlp_reference)
+        # every caller (run_strategy, the Trainer, the JAX engine) checks inputs through check_shapes:
+        # the token count is checked there, once for all schemes, before the scheme's own shapes
+        object.__setattr__(self, "check_shapes", _with_tokens(self.name, self.check_shapes))
 
 
 def shape_of(v: Any) -> tuple[int, ...]:
     """The global shape of an array or a :class:`~shardsim.ShapeDtype` (what ``check_shapes`` reads)."""
     return tuple(v.shape) if isinstance(v, ShapeDtype) else np.shape(v)
+
+
+def _with_tokens(
+    scheme: str, check: Callable[[Mapping[str, Any], Any, Any], None] | None
+) -> Callable[[Mapping[str, Any], Any, Any], None]:
+    """``check`` preceded by :func:`check_tokens`; a scheme copied under a new name (``dataclasses.replace``)
+    rewraps the scheme's own check, so the message names the copy."""
+    check = getattr(check, "scheme_check", check)
+
+    def checked(params: Mapping[str, Any], x: Any, dout: Any) -> None:
+        check_tokens(scheme, x)
+        if check is not None:
+            check(params, x, dout)
+
+    checked.scheme_check = check  # type: ignore[attr-defined]
+    return checked
+
+
+def check_tokens(scheme: str, x: Any) -> None:
+    """Refuse an input without tokens: a step over an empty batch has no mean loss, and its
+    per-chip batch (for a pipeline's microbatches, an expert's capacity) is zero.
+
+    >>> check_tokens("ddp", np.ones((8, 4)))  # passes; (0, 4) raises ModelInputError
+    """
+    shape = shape_of(x)
+    if len(shape) >= 1 and shape[0] == 0:
+        example = (8,) + tuple(shape[1:])
+        raise ModelInputError(
+            f"{scheme}: x has 0 tokens (shape {tuple(shape)}); a step needs a batch of at least one token "
+            f"per data-parallel chip, e.g. x of shape {example}"
+        )
 
 
 def check_dout(dout: Any, dims: str, want: tuple[int, ...]) -> None:

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..array import ShapeDtype, ShardedArray, shard
-from ..errors import MeshAxisError, ShardingError
+from ..array import ShapeDtype, ShardedArray, require_mesh, shard
+from ..errors import ArgumentTypeError, MeshAxisError, ShardingError
 from ..layout import Layout
 from ..mesh import Mesh
 from ..ops import add
@@ -55,6 +55,13 @@ class StrategyResult:
 
 def resolve_axes(scheme: Scheme, mesh: Mesh, axes: Mapping[str, str] | None) -> dict[str, str]:
     """Map the scheme's roles (``data``, ``model``) to mesh axes, or say which are missing."""
+    require_mesh(mesh, "mesh", scheme.name)
+    if axes is not None and not isinstance(axes, Mapping):
+        example = ", ".join(f"{r!r}: {ROLE_DEFAULTS.get(r, 'X')!r}" for r in scheme.roles)
+        raise ArgumentTypeError(
+            f"{scheme.name}: axes={axes!r} must be a mapping of the scheme's roles {list(scheme.roles)} to mesh "
+            f"axes, e.g. axes={{{example}}}, or None for the mesh's axes in order"
+        )
     if axes is not None:
         unknown = [r for r in axes if r not in scheme.roles]
         if unknown:

@@ -47,6 +47,7 @@ def meshes(mesh: Mesh | jax.sharding.Mesh) -> tuple[jax.sharding.Mesh, Mesh]:
             )
         return jax.make_mesh(mesh.shape, mesh.axis_names, devices=devices[: mesh.size]), mesh
     if isinstance(mesh, jax.sharding.Mesh):
+        check_distinct_devices(mesh)
         sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
         try:
             return mesh, Mesh({str(a): int(n) for a, n in sizes.items()})
@@ -59,6 +60,19 @@ def meshes(mesh: Mesh | jax.sharding.Mesh) -> tuple[jax.sharding.Mesh, Mesh]:
         f"mesh must be a shardsim Mesh or a jax.sharding.Mesh, got {type(mesh).__name__}; "
         "e.g. shardsim.Mesh(X=2, Y=4) or jax.make_mesh((2, 4), ('X', 'Y'))"
     )
+
+
+def check_distinct_devices(mesh: jax.sharding.Mesh) -> None:
+    """Refuse a JAX mesh that names one device at two places: XLA would fail mid-run counting its shards."""
+    seen: dict[Any, tuple[int, ...]] = {}
+    for where, device in np.ndenumerate(mesh.devices):
+        if device in seen:
+            raise EngineError(
+                f"the JAX mesh {dict(mesh.shape)} holds device {device} twice (at {seen[device]} and {where}); "
+                "each place of a mesh is its own device: build it from distinct devices, e.g. "
+                f"jax.make_mesh({tuple(mesh.devices.shape)}, {tuple(mesh.axis_names)}), or pass a shardsim Mesh"
+            )
+        seen[device] = where
 
 
 def sharding(mesh: jax.sharding.Mesh, layout: Layout | str) -> NamedSharding:
