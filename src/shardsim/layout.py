@@ -238,14 +238,19 @@ class _Parser:
             + (f"; {SPEC_ROUTE}" if looks_like_a_spec else "")
         )
 
-    def refuse_spec_entries(self, dims: list[Dim]) -> None:
-        """Refuse the dimensions a PartitionSpec's entries would make: ``None``, or a bare mesh axis name.
+    def refuse_spec_entries(self, dims: list[Dim], bracketed: bool) -> None:
+        """Refuse a PartitionSpec written as text: a dimension called ``None``, or nothing but bare axis names.
 
         ``"X, None"`` and ``"[X, Y]"`` are JAX's ``P("X", None)`` and ``P("X", "Y")`` written as
-        text; read as layouts they would be replicated dimensions called ``X`` and ``None``.
+        text; read as layouts they would be replicated dimensions called ``X`` and ``None``. One
+        unsplit dimension named like an axis among others is a layout (DDP's ``[D, F]`` on a mesh
+        with an axis ``D``), and so is ``[D]``: a one-entry spec is refused only without brackets.
         """
         axes = self.axis_names or ()
-        bad = [d.name for d in dims if d.name == "None" or (not d.axes and d.name in axes)]
+        bare = [d.name for d in dims if not d.axes and d.name in axes]
+        entries = [d for d in dims if d.name == "None" or d.name in bare]
+        spec_like = bool(dims) and len(entries) == len(dims) and (len(dims) > 1 or not bracketed)
+        bad = [d.name for d in (entries if spec_like else dims) if d.name == "None" or (spec_like and d.name in bare)]
         if not bad:
             return
         taken = set(axes) | {d.name for d in dims}
@@ -254,7 +259,7 @@ class _Parser:
         for d in dims:
             if d.name == "None":
                 book.append(Dim(next(free)))
-            elif not d.axes and d.name in axes:
+            elif d.name in bad:
                 book.append(Dim(next(free), (d.name,)))
             else:
                 book.append(d)
@@ -262,8 +267,8 @@ class _Parser:
         raise LayoutParseError(
             f"layout {self.text!r} reads like a JAX PartitionSpec: it would make unsplit dimensions called "
             f"{bad}. A layout names every dimension and writes the mesh axes that split it after '_', "
-            f"as in {str(Layout(tuple(book)))!r}; a dimension may not be called None, nor, unsplit, by a mesh "
-            f"axis's name. Or convert the spec: Layout.from_partition_spec(P({entries}), mesh)"
+            f"as in {str(Layout(tuple(book)))!r}; a dimension may not be called None, nor may every dimension "
+            f"be an unsplit mesh axis's name. Or convert the spec: Layout.from_partition_spec(P({entries}), mesh)"
         )
 
     def parse(self) -> Layout:
@@ -285,7 +290,7 @@ class _Parser:
             dims.append(self._dim(match.group(), offset + match.start()))
         if not dims and not stripped.startswith("["):
             raise self.fail(offset, "no dimensions (a rank-0 value is written '[]')")
-        self.refuse_spec_entries(dims)
+        self.refuse_spec_entries(dims, stripped.startswith("["))
         part = self._partial(partial, brace) if brace is not None else ()
         return Layout(tuple(dims), part)
 
