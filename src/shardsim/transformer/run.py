@@ -173,24 +173,24 @@ class _Gradients:
             self._reduce(key, g)
 
     def _reduce(self, key: str, g: ShardedArray) -> None:
-        r = self.step.roles
-        if r.context is not None and r.context in g.layout.partial:  # a sum over the context block's tokens
-            if r.data is not None and r.zero < 2:  # one AllReduce over the data x context group, as Megatron
-                self.done[key] = (
-                    all_reduce(g, (r.data, r.context), label=f"d{key}").named(f"d{key}").as_category("grads")
-                )
-                return
-            g = all_reduce(g, r.context, label=f"d{key}")
-        over = tuple(a for a in r.batch if a in g.layout.partial)  # the experts' own reduced theirs already
-        if over:
-            g = (
-                all_reduce(g, over, label=f"d{key}")
-                if r.zero < 2
-                else reduce_scatter(g, over, r.shard_dim(key), label=f"d{key}")
-            )
+        g = self._reduced(key, g)
         if key == "pos_embed" and self.seq < self.step.cfg.seq:
             g = rows(g, self.seq, total=self.step.cfg.seq)  # positions past the sequence get no gradient
         self.done[key] = g.named(f"d{key}").as_category("grads")
+
+    def _reduced(self, key: str, g: ShardedArray) -> ShardedArray:
+        """``g`` summed over the context and data axes its partial sum spans (ZeRO-2/3: scattered over data)."""
+        r = self.step.roles
+        if r.context is not None and r.context in g.layout.partial:  # a sum over the context block's tokens
+            if r.data is not None and r.zero < 2:  # one AllReduce over the data x context group, as Megatron
+                return all_reduce(g, (r.data, r.context), label=f"d{key}")
+            g = all_reduce(g, r.context, label=f"d{key}")
+        over = tuple(a for a in r.batch if a in g.layout.partial)  # the experts' own reduced theirs already
+        if not over:
+            return g
+        if r.zero < 2:
+            return all_reduce(g, over, label=f"d{key}")
+        return reduce_scatter(g, over, r.shard_dim(key), label=f"d{key}")
 
 
 def run_model(
