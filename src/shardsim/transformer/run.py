@@ -195,7 +195,7 @@ class _Gradients:
 
 def run_model(
     cfg: TransformerConfig,
-    plan: Plan,
+    plan: Plan | str,
     mesh: Mesh,
     params: Mapping[str, Any],
     tokens: Any,
@@ -205,11 +205,13 @@ def run_model(
 ) -> ModelResult:
     """One forward and backward of ``cfg`` under ``plan`` on ``mesh``; see the module docstring.
 
+    ``plan`` is a :class:`~shardsim.plans.Plan` or a plan string (read by ``Plan.parse``).
     ``params`` has the reference's keys (:func:`shardsim.models.reference.init`), as NumPy
     arrays or :class:`~shardsim.ShapeDtype`; ``tokens`` / ``targets`` are ``[B, S]`` ids (or
     ShapeDtype). Dropout runs when ``cfg.dropout > 0`` and ``dropout_seed`` is given, with the
     reference's masks.
     """
+    plan = checks.check_arguments(cfg, plan, mesh)
     checks.check_plan(plan, mesh)
     check_params(cfg, params)  # the reference's own check: one list of weights, one message
     _, s = checks.check_tokens(cfg, plan, tokens, targets)
