@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardsim import Mesh, MeshAxisError, ShardingError
+from shardsim import Mesh, ShardingError
 from shardsim.plans import Plan, PlanError
 
 
@@ -44,6 +44,66 @@ def test_str_parses_back(plan: Plan) -> None:
     assert eval(repr(plan), {"Plan": Plan}) == plan
 
 
+# every field's hostile values: wrong types, out-of-set words, axis names the mesh refuses
+ANY = st.one_of(st.none(), st.booleans(), st.integers(-2, 9), st.floats(allow_nan=True), st.text(max_size=6))
+FIELD_VALUES = {
+    **{f: st.one_of(st.integers(1, 4), ANY) for f in ("dp", "tp", "pp", "ep", "cp", "microbatches", "virtual_stages")},
+    "zero": st.one_of(st.integers(0, 3), ANY),
+    **{f: st.one_of(st.booleans(), ANY) for f in ("sp", "cp_balanced")},
+    "schedule": st.one_of(st.sampled_from(["gpipe", "1f1b", "interleaved"]), ANY),
+    "cp_method": st.one_of(st.sampled_from(["ring", "all_gather"]), ANY),
+    "attention": st.one_of(st.sampled_from(["standard", "flash"]), ANY),
+    "recompute": st.one_of(st.sampled_from(["none", "selective", "full"]), ANY),
+    "precision": st.one_of(st.sampled_from([None, "bf16", "fp32"]), ANY, st.just(["bf16"])),
+    **{
+        f"{r}_axis": st.one_of(st.sampled_from(["X", "Y", "a,b", "a_b", "a=b", "shape", "Z2"]), ANY)
+        for r in ("data", "model", "pipe", "expert", "context")
+    },
+}
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.fixed_dictionaries({}, optional=FIELD_VALUES))
+def test_every_plan_parses_back_or_is_refused(fields: dict[str, object]) -> None:
+    """A Plan of any field values is either refused with a PlanError or written by str() as text
+    that Plan.parse reads back to the same plan."""
+    try:
+        plan = Plan(**fields)  # type: ignore[arg-type]
+    except PlanError:
+        return
+    assert Plan.parse(str(plan)) == plan
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("fsdp=4,zero=1", r"fsdp=4 means dp=4,zero=3 \(FSDP\), but 'fsdp=4,zero=1' also sets zero=1"),
+        ("zero=2,fsdp=4", r"also sets zero=2; write fsdp=4 alone, or dp=4,zero=2"),
+        ("fsdp=2,dp=2", r"plan key 'dp' given twice .* \(fsdp=2 sets dp\)"),
+        ("fsdp", r"'fsdp' needs the data-parallel degree"),
+    ],
+)
+def test_fsdp_and_a_contradicting_key_are_refused(text: str, words: str) -> None:
+    with pytest.raises(PlanError, match=words):
+        Plan.parse(text)
+    assert Plan.parse("fsdp=4,zero=3") == Plan.parse("zero=3,fsdp=4") == Plan(dp=4, zero=3)
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"dp": 2, "data_axis": "a,b"}, r"Plan.data_axis='a,b': mesh axis name 'a,b' must be letters and digits"),
+        ({"tp": 2, "sp": 2}, r"Plan.sp is True \(sequence parallelism on\) or False, got 2"),
+        ({"model_axis": "shape"}, r"Plan.model_axis='shape': .* collides"),
+        ({"precision": ["bf16"]}, r"Plan.precision=\['bf16'\]: choose one of"),
+        ({"schedule": None}, r"Plan.schedule=None: choose one of"),
+    ],
+)
+def test_plan_checks_every_field(fields: dict[str, object], words: str) -> None:
+    with pytest.raises(PlanError, match=words):
+        Plan(**fields)  # type: ignore[arg-type]
+
+
 def test_mesh_has_one_axis_per_parallelism_tp_innermost() -> None:
     mesh = Plan.parse("dp=2,tp=4,pp=2").mesh()
     assert mesh.axis_names == ("data", "pipe", "model") and mesh.shape == (2, 2, 4)
@@ -67,7 +127,7 @@ def test_mesh_has_one_axis_per_parallelism_tp_innermost() -> None:
         ("dp=2,tp=2,model_axis=data", PlanError, "both run over mesh axis 'data'"),
         ("dp=2,dp=4", PlanError, "twice"),
         ("tp", PlanError, "needs a value"),
-        ("tp=2,model_axis=a_b", MeshAxisError, "letters and digits"),
+        ("tp=2,model_axis=a_b", PlanError, "model_axis=.a_b.: mesh axis name .a_b. must be letters and digits"),
     ],
 )
 def test_bad_plans_name_the_culprit(text: str, error: type, words: str) -> None:

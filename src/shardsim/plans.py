@@ -43,6 +43,11 @@ ATTENTION = ("standard", "flash")
 RECOMPUTE = ("none", "selective", "full")
 
 
+def _word(field: str, value: Any, words: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in words:
+        raise PlanError(f"Plan.{field}={value!r}: choose one of {list(words)}")
+
+
 @dataclass(frozen=True)
 class Plan:
     """How a model is parallelised; see the module docstring for the fields.
@@ -73,24 +78,22 @@ class Plan:
     context_axis: str = "context"
 
     def __post_init__(self) -> None:
+        self._check_axis_names()
         for f in ("dp", "tp", "pp", "ep", "cp", "microbatches", "virtual_stages"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise PlanError(f"Plan.{f} must be a whole number >= 1, got {v!r}")
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise PlanError(f"Plan.zero is the ZeRO stage 0, 1, 2 or 3 (3 = FSDP), got {self.zero!r}")
-        if self.schedule not in SCHEDULES:
-            raise PlanError(f"Plan.schedule={self.schedule!r}: choose one of {list(SCHEDULES)}")
-        if self.cp_method not in CP_METHODS:
-            raise PlanError(f"Plan.cp_method={self.cp_method!r}: choose one of {list(CP_METHODS)}")
+        for f, words in (("schedule", SCHEDULES), ("cp_method", CP_METHODS), ("attention", ATTENTION)):
+            _word(f, getattr(self, f), words)
+        _word("recompute", self.recompute, RECOMPUTE)
+        if self.precision is not None:
+            _word("precision", self.precision, tuple(sorted(PRECISIONS)))
+        if not isinstance(self.sp, bool):
+            raise PlanError(f"Plan.sp is True (sequence parallelism on) or False, got {self.sp!r}")
         if not isinstance(self.cp_balanced, bool):
             raise PlanError(f"Plan.cp_balanced is True (zigzag chunks) or False (contiguous), got {self.cp_balanced!r}")
-        if self.attention not in ATTENTION:
-            raise PlanError(f"Plan.attention={self.attention!r}: choose one of {list(ATTENTION)}")
-        if self.recompute not in RECOMPUTE:
-            raise PlanError(f"Plan.recompute={self.recompute!r}: choose one of {list(RECOMPUTE)}")
-        if self.precision is not None and self.precision not in PRECISIONS:
-            raise PlanError(f"Plan.precision={self.precision!r}: choose one of {sorted(PRECISIONS)}")
         if self.sp and self.tp == 1:
             raise PlanError("Plan.sp: sequence parallelism splits the tensor-parallel group's tokens; set tp > 1")
         if self.virtual_stages > 1 and self.schedule != "interleaved":
@@ -106,6 +109,15 @@ class Plan:
                         f"({role}_axis=...)"
                     )
                 seen[axis] = role
+
+    def _check_axis_names(self) -> None:
+        """Each ``*_axis`` is a name a :class:`Mesh` accepts, so ``plan.mesh()`` and ``str(plan)`` work."""
+        for role in ROLES:
+            name = getattr(self, f"{role}_axis")
+            try:
+                Mesh({name: 1})  # the mesh's own rule for axis names, checked once
+            except (MeshAxisError, TypeError) as e:
+                raise PlanError(f"Plan.{role}_axis={name!r}: {e}") from None
 
     # -- roles and degrees ------------------------------------------------------------------
     def axes(self) -> dict[str, str]:
@@ -178,37 +190,32 @@ class Plan:
         >>> Plan.parse("fsdp=2, tp=2")
         Plan.parse('dp=2,zero=3,tp=2')
         """
+        if not isinstance(text, str):
+            raise PlanError(f"Plan.parse takes a plan string such as 'dp=4,tp=2', got {type(text).__name__}")
         fields = {f.name: f for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {}
+        fsdp = None  # the fsdp=N item, which means dp=N,zero=3
         for item in (s.strip() for s in text.split(",")):
             if not item:
                 continue
             key, sep, value = (s.strip() for s in item.partition("="))
-            if key == "fsdp" and sep:
-                values.setdefault("zero", 3)
-                key = "dp"
+            if key == "fsdp":
+                if not sep:
+                    raise PlanError("plan key 'fsdp' needs the data-parallel degree, e.g. fsdp=4 (dp=4,zero=3)")
+                key, fsdp = "dp", item
             if key not in fields:
                 raise PlanError(f"unknown plan key {key!r} in {text!r}; keys are {[*fields, 'fsdp']}")
-            if key in values and not (key == "zero" and values[key] == 3 and "dp" in values):
-                raise PlanError(f"plan key {key!r} given twice in {text!r}")
-            kind = fields[key].type
-            if not sep:
-                if "bool" not in str(kind):
-                    raise PlanError(f"plan key {key!r} needs a value, e.g. {key}=2")
-                values[key] = True
-            elif "int" in str(kind):
-                try:
-                    values[key] = int(value)
-                except ValueError:
-                    raise PlanError(f"plan key {key!r} needs a whole number, got {value!r}") from None
-            elif "bool" in str(kind):
-                if value.lower() not in ("true", "false", "1", "0"):
-                    raise PlanError(f"plan key {key!r} is on or off (write {key} or {key}=false), got {value!r}")
-                values[key] = value.lower() in ("true", "1")
-            else:
-                if key.endswith("_axis") and not value.isalnum():
-                    raise MeshAxisError(f"mesh axis name {value!r} for {key} must be letters and digits")
-                values[key] = value
+            if key in values:
+                also = f" ({fsdp} sets dp)" if key == "dp" and fsdp else ""
+                raise PlanError(f"plan key {key!r} given twice in {text!r}{also}; give it once")
+            values[key] = _parse_value(key, sep, value, str(fields[key].type))
+        if fsdp is not None:
+            if values.get("zero", 3) != 3:
+                raise PlanError(
+                    f"{fsdp} means dp={values['dp']},zero=3 (FSDP), but {text!r} also sets zero={values['zero']}; "
+                    f"write {fsdp} alone, or dp={values['dp']},zero={values['zero']}"
+                )
+            values["zero"] = 3
         return cls(**values)
 
     def __repr__(self) -> str:
@@ -217,3 +224,21 @@ class Plan:
     def replace(self, **changes: Any) -> Plan:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+def _parse_value(key: str, sep: str, value: str, kind: str) -> Any:
+    """``value`` of plan key ``key`` (``sep`` empty: the key alone, a flag) as the field's type."""
+    if not sep:
+        if "bool" not in kind:
+            raise PlanError(f"plan key {key!r} needs a value, e.g. {key}=2")
+        return True
+    if "int" in kind:
+        try:
+            return int(value)
+        except ValueError:
+            raise PlanError(f"plan key {key!r} needs a whole number, got {value!r}") from None
+    if "bool" in kind:
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise PlanError(f"plan key {key!r} is on or off (write {key} or {key}=false), got {value!r}")
+        return value.lower() in ("true", "1")
+    return value

@@ -28,11 +28,53 @@ from ..errors import ConfigError
 MLPS = ("gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope", "none")
+#: The largest value of each size field. Each is far past every published model (the deepest has
+#: ~128 layers, 1/128 of the limit, which still leaves the planner's depth search its 8192; the widest
+#: d_model 18432 and d_ff 73728; 128 heads; a 256k vocabulary; a 10M-token context; 2**20 experts in
+#: PEER), yet small enough that every hint's divisor search and every walk over the layers ends.
+LIMITS = {
+    "layers": 2**14,
+    "d_model": 2**20,
+    "heads": 2**16,
+    "kv_heads": 2**16,
+    "head_dim": 2**16,
+    "d_ff": 2**22,
+    "vocab": 2**24,
+    "seq": 2**30,
+    "experts": 2**20,
+    "top_k": 2**20,
+}
+
+
+def divisors(n: int, *, at_most: int | None = None) -> list[int]:
+    """The divisors of ``n`` ascending (the first ``at_most`` of them), found in O(sqrt n) steps
+    (every size field is at most its :data:`LIMITS` entry, so a hint costs at most ~2**15 steps).
+
+    >>> divisors(12), divisors(1048573), divisors(720, at_most=4)
+    ([1, 2, 3, 4, 6, 12], [1, 1048573], [1, 2, 3, 4])
+    """
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        if at_most is not None and len(small) >= at_most:
+            return small[:at_most]
+        d += 1
+    found = small + large[::-1]
+    return found if at_most is None else found[:at_most]
 
 
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"TransformerConfig.{name} must be a positive whole number, got {value!r}")
+    if value > LIMITS[name]:
+        raise ConfigError(
+            f"TransformerConfig.{name}={value} is past its limit {LIMITS[name]} (2**{LIMITS[name].bit_length() - 1}),"
+            f" far beyond any published model; choose {name} <= {LIMITS[name]}"
+        )
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -92,19 +134,17 @@ class TransformerConfig:
         if self.kv_heads is not None:
             _positive_int("kv_heads", self.kv_heads)
             if self.heads % self.kv_heads:
-                divisors = [k for k in range(1, self.heads + 1) if self.heads % k == 0]
                 raise ConfigError(
                     f"TransformerConfig.heads={self.heads} does not divide by kv_heads={self.kv_heads}: every kv head "
-                    f"must serve the same number of query heads; choose kv_heads among {divisors}"
+                    f"must serve the same number of query heads; choose kv_heads among {divisors(self.heads)}"
                 )
         if self.head_dim is not None:
             _positive_int("head_dim", self.head_dim)
         elif self.d_model % self.heads:
-            divisors = [n for n in range(1, self.d_model + 1) if self.d_model % n == 0][:8]
             raise ConfigError(
                 f"TransformerConfig.d_model={self.d_model} does not divide by heads={self.heads}, so the head "
                 f"dimension is not whole; give head_dim explicitly or choose heads dividing d_model "
-                f"(e.g. {', '.join(map(str, divisors[:4]))})"
+                f"(e.g. {', '.join(map(str, divisors(self.d_model, at_most=4)))})"
             )
         _choice("mlp", self.mlp, MLPS)
         _choice("norm", self.norm, NORMS)
@@ -120,12 +160,14 @@ class TransformerConfig:
             raise ConfigError(
                 f"TransformerConfig.dropout is a probability in [0, 1), got {self.dropout!r}; use 0.0 for no dropout"
             )
-        if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
+        if not (isinstance(self.norm_eps, (int, float)) and 0 < self.norm_eps < math.inf):
             raise ConfigError(f"TransformerConfig.norm_eps must be a positive number, got {self.norm_eps!r}")
         if isinstance(self.experts, bool) or not isinstance(self.experts, int) or self.experts < 0:
             raise ConfigError(
                 f"TransformerConfig.experts is the number of experts (0: a dense MLP), got {self.experts!r}"
             )
+        if self.experts:
+            _positive_int("experts", self.experts)  # its upper limit
         if self.experts:
             _positive_int("top_k", self.top_k)
             if self.top_k > self.experts:
@@ -195,43 +237,65 @@ class TransformerConfig:
          'layers.0.attn.wv', 'layers.0.attn.wo', 'layers.0.mlp_norm.gamma', 'layers.0.mlp.w_gate',
          'layers.0.mlp.w_up', 'layers.0.mlp.w_down', 'final_norm.gamma', 'lm_head']
         """
-        d, f, v = self.d_model, self.d_ff, self.vocab
-        nh, kh = self.heads * self.hd, self.n_kv * self.hd
-        shapes: dict[str, tuple[int, ...]] = {"embed": (v, d)}
-        if self.position == "learned":
-            shapes["pos_embed"] = (self.seq, d)
+        outer = self.outer_shapes()
+        first = {k: v for k, v in outer.items() if k in ("embed", "pos_embed")}  # the forward pass meets them first
+        shapes = dict(first)
         for i in range(self.layers):
-            p = f"layers.{i}"
-            shapes.update(self._norm_shapes(f"{p}.attn_norm"))
-            shapes.update({f"{p}.attn.wq": (d, nh), f"{p}.attn.wk": (d, kh), f"{p}.attn.wv": (d, kh)})
-            shapes[f"{p}.attn.wo"] = (nh, d)
+            shapes.update(self.layer_shapes(i))
+        shapes.update({k: v for k, v in outer.items() if k not in first})
+        return shapes
+
+    def layer_shapes(self, i: int) -> dict[str, tuple[int, ...]]:
+        """Block ``i``'s weights (every block has the same ones, under its own ``layers.{i}.`` prefix).
+
+        >>> TransformerConfig(2, 8, 2, 16, 10, 4).layer_shapes(1)["layers.1.mlp.w_in"]
+        (8, 16)
+        """
+        d, f, p = self.d_model, self.d_ff, f"layers.{i}"
+        nh, kh = self.heads * self.hd, self.n_kv * self.hd
+        shapes = self._norm_shapes(f"{p}.attn_norm")
+        shapes.update({f"{p}.attn.wq": (d, nh), f"{p}.attn.wk": (d, kh), f"{p}.attn.wv": (d, kh)})
+        shapes[f"{p}.attn.wo"] = (nh, d)
+        if self.bias:
+            shapes.update({f"{p}.attn.bq": (nh,), f"{p}.attn.bk": (kh,), f"{p}.attn.bv": (kh,)})
+            shapes[f"{p}.attn.bo"] = (d,)
+        shapes.update(self._norm_shapes(f"{p}.mlp_norm"))
+        if self.experts:  # a mixture of experts in the MLP's place (no biases: GShard's)
+            e = self.experts
+            shapes.update({f"{p}.moe.router": (d, e), f"{p}.moe.w_in": (e, d, f), f"{p}.moe.w_out": (e, f, d)})
+        elif self.mlp == "gelu":
+            shapes.update({f"{p}.mlp.w_in": (d, f), f"{p}.mlp.w_out": (f, d)})
             if self.bias:
-                shapes.update({f"{p}.attn.bq": (nh,), f"{p}.attn.bk": (kh,), f"{p}.attn.bv": (kh,)})
-                shapes[f"{p}.attn.bo"] = (d,)
-            shapes.update(self._norm_shapes(f"{p}.mlp_norm"))
-            if self.experts:  # a mixture of experts in the MLP's place (no biases: GShard's)
-                e = self.experts
-                shapes.update({f"{p}.moe.router": (d, e), f"{p}.moe.w_in": (e, d, f), f"{p}.moe.w_out": (e, f, d)})
-            elif self.mlp == "gelu":
-                shapes.update({f"{p}.mlp.w_in": (d, f), f"{p}.mlp.w_out": (f, d)})
-                if self.bias:
-                    shapes.update({f"{p}.mlp.b_in": (f,), f"{p}.mlp.b_out": (d,)})
-            else:
-                shapes.update({f"{p}.mlp.w_gate": (d, f), f"{p}.mlp.w_up": (d, f), f"{p}.mlp.w_down": (f, d)})
-                if self.bias:
-                    shapes.update({f"{p}.mlp.b_gate": (f,), f"{p}.mlp.b_up": (f,), f"{p}.mlp.b_down": (d,)})
+                shapes.update({f"{p}.mlp.b_in": (f,), f"{p}.mlp.b_out": (d,)})
+        else:
+            shapes.update({f"{p}.mlp.w_gate": (d, f), f"{p}.mlp.w_up": (d, f), f"{p}.mlp.w_down": (f, d)})
+            if self.bias:
+                shapes.update({f"{p}.mlp.b_gate": (f,), f"{p}.mlp.b_up": (f,), f"{p}.mlp.b_down": (d,)})
+        return shapes
+
+    def outer_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The weights outside the blocks: embeddings, final norm, LM head (:meth:`param_shapes` less the blocks').
+
+        >>> list(TransformerConfig(1, 8, 2, 16, 10, 4, position="rope").outer_shapes())
+        ['embed', 'final_norm.gamma', 'final_norm.beta', 'lm_head']
+        """
+        shapes: dict[str, tuple[int, ...]] = {"embed": (self.vocab, self.d_model)}
+        if self.position == "learned":
+            shapes["pos_embed"] = (self.seq, self.d_model)
         shapes.update(self._norm_shapes("final_norm"))
         if not self.tie_embeddings:
-            shapes["lm_head"] = (d, v)
+            shapes["lm_head"] = (self.d_model, self.vocab)
         return shapes
 
     def param_count(self) -> int:
-        """The exact number of parameters: the sum over :meth:`param_shapes`.
+        """The exact number of parameters: the sum over :meth:`param_shapes`, in O(1) of the layers
+        (every block holds the same weights).
 
         >>> TransformerConfig(1, 8, 2, 16, 10, 4, tie_embeddings=True).param_count()
         672
         """
-        return sum(math.prod(shape) for shape in self.param_shapes().values())
+        block = sum(math.prod(shape) for shape in self.layer_shapes(0).values())
+        return sum(math.prod(shape) for shape in self.outer_shapes().values()) + self.layers * block
 
     def scaled(self, **changes: Any) -> TransformerConfig:
         """A copy with ``changes`` applied and validated; the name records what changed.

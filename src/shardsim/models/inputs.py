@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, ShapeError
+from ..errors import ArgumentTypeError, ConfigError, DtypeError, ShapeError
 from .config import TransformerConfig
 
 
@@ -31,6 +31,11 @@ def check_params(cfg: TransformerConfig, params: Mapping[str, Any]) -> None:
     ...
     shardsim.errors.ShapeError: params do not match the config gpt-tiny: missing ['pos_embed', ...
     """
+    if not isinstance(params, Mapping):
+        raise ArgumentTypeError(
+            f"params is a mapping of weight names to arrays, got {type(params).__name__}; build it with "
+            "shardsim.models.reference.init(cfg) or from cfg.param_shapes()"
+        )
     shapes = cfg.param_shapes()
     missing = [k for k in shapes if k not in params]
     extra = [k for k in params if k not in shapes]
@@ -40,12 +45,28 @@ def check_params(cfg: TransformerConfig, params: Mapping[str, Any]) -> None:
             f"{extra[:4]}; build them with shardsim.models.reference.init(cfg) or from cfg.param_shapes()"
         )
     for name, shape in shapes.items():
-        got = np.shape(params[name])
+        got, dtype = _shape_and_dtype(params[name], name)
         if got != shape:
             raise ShapeError(
                 f"param {name!r} has shape {got}, but the config {cfg.name or 'TransformerConfig'} needs {shape}; "
                 f"build params with shardsim.models.reference.init(cfg) or from cfg.param_shapes()"
             )
+        if dtype.kind != "f" and dtype.name != "bfloat16":
+            raise DtypeError(
+                f"param {name!r} has dtype {dtype}; weights are floating point: convert it, e.g. "
+                f"params[{name!r}].astype('float32'), or build params with reference.init(cfg, dtype=...)"
+            )
+
+
+def _shape_and_dtype(value: Any, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """A weight's shape and dtype (a ShapeDtype's, or the array's it converts to), without copying an array."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):  # an array, a ShapeDtype, a ShardedArray
+        return tuple(value.shape), np.dtype(value.dtype)
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError):  # a ragged list
+        raise ShapeError(f"param {name!r} is not a rectangular array: {type(value).__name__}") from None
+    return arr.shape, arr.dtype
 
 
 def _check_ids(cfg: TransformerConfig, ids: Any, what: str) -> np.ndarray:

@@ -14,15 +14,18 @@ heads=2 does not divide by tp=4 (the model axis 'model')
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from ..array import ShapeDtype
-from ..errors import DivisibilityError, ModelInputError, PlanError
+from ..errors import ArgumentTypeError, DivisibilityError, ModelInputError, PlanError
+from ..layout import Layout
 from ..mesh import Mesh
 from ..models import TransformerConfig
-from ..plans import Plan
+from ..models.config import divisors
+from ..plans import DEGREE, ROLES, Plan
 
 
 def check_plan(plan: Plan, mesh: Mesh) -> None:
@@ -55,11 +58,48 @@ def check_model(cfg: TransformerConfig, plan: Plan, seq: int, *, dropout_on: boo
         )
     if cfg.experts or plan.ep > 1:
         _check_experts(cfg, plan)
-    if plan.zero == 3 and plan.dp > 1 and cfg.d_model % plan.dp:
+    if plan.zero and plan.dp > 1:
+        _check_zero_splits(cfg, plan)
+
+
+#: What each ZeRO stage splits over the data axis.
+_ZERO_SPLITS = {
+    1: "ZeRO-1 splits every weight's optimizer state",
+    2: "ZeRO-2 splits every weight's gradient and optimizer state",
+    3: "ZeRO-3 / FSDP splits every weight, its gradient and optimizer state",
+}
+
+
+def _check_zero_splits(cfg: TransformerConfig, plan: Plan) -> None:
+    """Every weight's dimension ZeRO splits over the data axis (its D, or a bias's only one) divides by the
+    chips splitting it, checked on one block's weights and the others' (every block has the same shapes)."""
+    from .roles import Roles
+
+    what = f"{_ZERO_SPLITS[plan.zero]} over the data axis {plan.data_axis!r}"
+    if cfg.d_model % plan.dp:
         raise DivisibilityError(
-            f"d_model={cfg.d_model} does not divide by dp={plan.dp}: ZeRO-3 / FSDP splits every weight's D "
-            "over the data axis"
+            f"d_model={cfg.d_model} does not divide by dp={plan.dp}: {what}, along D; "
+            f"choose dp among {divisors(cfg.d_model, at_most=8)} (dividing {cfg.d_model}) or zero=0"
         )
+    roles = Roles.of(plan, cfg.n_kv)
+    degrees = {plan.axes()[r]: plan.degree(r) for r in ROLES if plan.degree(r) > 1}
+    for key, shape in {**cfg.outer_shapes(), **cfg.layer_shapes(0)}.items():
+        layout = Layout.parse("[" + ", ".join(roles.weight_dims(key, sharded=True)) + "]", tuple(degrees))
+        for i, n in enumerate(shape):
+            axes = layout.dim_axes(i)
+            chips = math.prod(degrees[a] for a in axes)
+            if plan.data_axis in axes and n % chips:
+                over = " x ".join(f"{DEGREE[_role(plan, a)]}={degrees[a]}" for a in axes)
+                per_dp = n // (chips // plan.dp)  # what the data axis splits, after the other axes' split
+                raise DivisibilityError(
+                    f"weight {key} [{', '.join(layout.names)}] of shape {shape}: {layout.names[i]}={n} does not "
+                    f"divide by {over}: {what}, along its {'D' if 'D' in layout.names else 'only dimension'}; "
+                    f"choose dp among {divisors(per_dp, at_most=8)} (dividing {per_dp}) or zero=0"
+                )
+
+
+def _role(plan: Plan, axis: str) -> str:
+    return next(r for r in ROLES if plan.axes()[r] == axis)
 
 
 def _check_context(cfg: TransformerConfig, plan: Plan, seq: int, dropout_on: bool) -> None:
@@ -112,13 +152,21 @@ def _check_experts(cfg: TransformerConfig, plan: Plan) -> None:
 
 
 def _kv_degrees(cfg: TransformerConfig) -> list[int]:
-    """The tensor-parallel degrees that split or replicate the KV heads evenly."""
+    """The smallest eight tensor-parallel degrees that split or replicate the KV heads evenly."""
     k = cfg.n_kv
-    return [d for d in range(1, cfg.heads + 1) if cfg.heads % d == 0 and (k % d == 0 or d % k == 0)]
+    return [d for d in divisors(cfg.heads) if k % d == 0 or d % k == 0][:8]
 
 
 def check_pipeline(cfg: TransformerConfig, plan: Plan, batch: int) -> None:
-    """Layers over stages x chunks, the batch over data x microbatches; no tied embeddings across stages."""
+    """Interleaved microbatches in groups of pp, layers over stages x chunks, the batch over data x
+    microbatches; no tied embeddings across stages."""
+    if plan.schedule == "interleaved" and plan.microbatches % plan.pp:
+        fits = [plan.pp * k for k in range(max(1, plan.microbatches // plan.pp), plan.microbatches // plan.pp + 2)]
+        raise PlanError(
+            f"schedule=interleaved runs microbatches in groups of pp={plan.pp} (Megatron-LM's rule), but "
+            f"microbatches={plan.microbatches} is not a multiple of {plan.pp}; use microbatches in {fits} "
+            "or schedule=1f1b"
+        )
     parts = plan.pp * plan.virtual_stages
     if cfg.layers % parts:
         raise DivisibilityError(
@@ -137,17 +185,45 @@ def check_pipeline(cfg: TransformerConfig, plan: Plan, batch: int) -> None:
         )
 
 
-def shape_of(v: Any) -> tuple[int, ...]:
-    return tuple(v.shape) if isinstance(v, ShapeDtype) else np.shape(v)
+def check_arguments(cfg: Any, plan: Any, mesh: Any, who: str = "run_model") -> Plan:
+    """The plan (a :class:`Plan`, or a plan string given to :meth:`Plan.parse`), after checking that
+    ``cfg`` is a :class:`TransformerConfig` and ``mesh`` a :class:`Mesh`; each refusal names the argument."""
+    if not isinstance(cfg, TransformerConfig):
+        raise ArgumentTypeError(
+            f"{who}: cfg must be a shardsim.models.TransformerConfig (e.g. shardsim.models.get('gpt-tiny')), "
+            f"got {type(cfg).__name__}"
+        )
+    if isinstance(plan, str):
+        plan = Plan.parse(plan)  # "dp=2,tp=2" reads as the CLI's --plan does
+    if not isinstance(plan, Plan):
+        raise ArgumentTypeError(
+            f"{who}: plan must be a shardsim.plans.Plan or a plan string such as 'dp=2,tp=2', got {type(plan).__name__}"
+        )
+    if not isinstance(mesh, Mesh):
+        hint = f"Mesh({mesh!r})" if isinstance(mesh, dict) else "plan.mesh()"
+        raise ArgumentTypeError(f"{who}: mesh must be a shardsim.Mesh, got {type(mesh).__name__}; pass {hint}")
+    return plan
+
+
+def shape_of(v: Any, name: str = "token ids") -> tuple[int, ...]:
+    if isinstance(v, ShapeDtype) or (hasattr(v, "shape") and hasattr(v, "dtype")):
+        return tuple(v.shape)
+    try:
+        return np.shape(v)
+    except ValueError:  # NumPy refuses a ragged list
+        raise ModelInputError(
+            f"{name} must be a rectangular [B, S] array of token ids, got a ragged {type(v).__name__}; "
+            "pad or cut every row to one length"
+        ) from None
 
 
 def check_tokens(cfg: TransformerConfig, plan: Plan, tokens: Any, targets: Any) -> tuple[int, int]:
     """``(B, S)``; tokens and targets integers in ``[0, vocab)``, ``S <= cfg.seq``, B divisible by dp."""
     for name, v in (("tokens", tokens), ("targets", targets)):
-        shape = shape_of(v)
+        shape = shape_of(v, name)
         if len(shape) != 2:
             raise ModelInputError(f"{name} must be [B, S] token ids, got shape {shape}")
-        if shape != shape_of(tokens):
+        if shape != shape_of(tokens, "tokens"):
             raise ModelInputError(f"targets must have the tokens' shape {shape_of(tokens)}, got {shape}")
         dt = v.dtype if isinstance(v, ShapeDtype) else np.asarray(v).dtype
         if dt.kind not in "iu":

@@ -173,29 +173,29 @@ class _Gradients:
             self._reduce(key, g)
 
     def _reduce(self, key: str, g: ShardedArray) -> None:
-        r = self.step.roles
-        if r.context is not None and r.context in g.layout.partial:  # a sum over the context block's tokens
-            if r.data is not None and r.zero < 2:  # one AllReduce over the data x context group, as Megatron
-                self.done[key] = (
-                    all_reduce(g, (r.data, r.context), label=f"d{key}").named(f"d{key}").as_category("grads")
-                )
-                return
-            g = all_reduce(g, r.context, label=f"d{key}")
-        over = tuple(a for a in r.batch if a in g.layout.partial)  # the experts' own reduced theirs already
-        if over:
-            g = (
-                all_reduce(g, over, label=f"d{key}")
-                if r.zero < 2
-                else reduce_scatter(g, over, r.shard_dim(key), label=f"d{key}")
-            )
+        g = self._reduced(key, g)
         if key == "pos_embed" and self.seq < self.step.cfg.seq:
             g = rows(g, self.seq, total=self.step.cfg.seq)  # positions past the sequence get no gradient
         self.done[key] = g.named(f"d{key}").as_category("grads")
 
+    def _reduced(self, key: str, g: ShardedArray) -> ShardedArray:
+        """``g`` summed over the context and data axes its partial sum spans (ZeRO-2/3: scattered over data)."""
+        r = self.step.roles
+        if r.context is not None and r.context in g.layout.partial:  # a sum over the context block's tokens
+            if r.data is not None and r.zero < 2:  # one AllReduce over the data x context group, as Megatron
+                return all_reduce(g, (r.data, r.context), label=f"d{key}")
+            g = all_reduce(g, r.context, label=f"d{key}")
+        over = tuple(a for a in r.batch if a in g.layout.partial)  # the experts' own reduced theirs already
+        if not over:
+            return g
+        if r.zero < 2:
+            return all_reduce(g, over, label=f"d{key}")
+        return reduce_scatter(g, over, r.shard_dim(key), label=f"d{key}")
+
 
 def run_model(
     cfg: TransformerConfig,
-    plan: Plan,
+    plan: Plan | str,
     mesh: Mesh,
     params: Mapping[str, Any],
     tokens: Any,
@@ -205,11 +205,13 @@ def run_model(
 ) -> ModelResult:
     """One forward and backward of ``cfg`` under ``plan`` on ``mesh``; see the module docstring.
 
+    ``plan`` is a :class:`~shardsim.plans.Plan` or a plan string (read by ``Plan.parse``).
     ``params`` has the reference's keys (:func:`shardsim.models.reference.init`), as NumPy
     arrays or :class:`~shardsim.ShapeDtype`; ``tokens`` / ``targets`` are ``[B, S]`` ids (or
     ShapeDtype). Dropout runs when ``cfg.dropout > 0`` and ``dropout_seed`` is given, with the
     reference's masks.
     """
+    plan = checks.check_arguments(cfg, plan, mesh)
     checks.check_plan(plan, mesh)
     check_params(cfg, params)  # the reference's own check: one list of weights, one message
     _, s = checks.check_tokens(cfg, plan, tokens, targets)
