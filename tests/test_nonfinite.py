@@ -173,6 +173,28 @@ def test_norms_normalise_before_the_gain_in_the_reference_and_on_chips(kind: str
     np.testing.assert_allclose(on_chips, want, rtol=8 * np.finfo(np.float64).eps, atol=0)
 
 
+@pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize(
+    "gain, after", [("final_norm.gamma", "lm_head"), ("layers.0.mlp_norm.gamma", "layers.0.mlp.w_in")]
+)
+def test_run_model_and_the_reference_agree_at_gains_near_the_float64_limit(kind: str, gain: str, after: str) -> None:
+    """Inputs of 1e3 times a gain of 1e307 overflow unless normalised first; the next matmul's tiny
+    weights bring the loss back to finite values, the same on both sides."""
+    cfg = MODEL.scaled(norm=kind, layers=1)
+    params = reference.init(cfg, seed=1, dtype="float64")
+    params[gain] = np.full_like(params[gain], 1e307)
+    params["embed"] *= 1e3
+    params[after] *= 1e-300
+    tokens, targets = _tokens(cfg, 2)
+    with quiet():
+        want_loss, want = reference.loss_and_grads(cfg, params, tokens, targets)
+    got = run_model(cfg, Plan(), Plan().mesh(), params, tokens, targets)
+    assert np.isfinite(want_loss) and got.loss == pytest.approx(want_loss, rel=4 * np.finfo(np.float64).eps)
+    assert got.grads is not None
+    for key, grad in want.items():
+        assert_same_nonfinite(got.grads[key], grad, key)
+
+
 # -- run_model under random plans against the single-device reference ------------------------------
 
 
