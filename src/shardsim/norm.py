@@ -39,9 +39,13 @@ def _stats(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = EPS) -> np.ndarray:
-    """``gamma * (x - mean) / std + beta`` over the last dimension."""
+    """``gamma * (x - mean) / std + beta`` over the last dimension: normalised first, then scaled.
+
+    ``gamma * xhat``, not ``(gamma * (x - mean)) * rstd``: the product of a large gain and an
+    unnormalised input would overflow while the normalised value is finite.
+    """
     mu, rstd = _stats(x, eps)
-    return gamma * (x - mu) * rstd + beta
+    return gamma * ((x - mu) * rstd) + beta
 
 
 def layer_norm_backward(

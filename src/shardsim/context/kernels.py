@@ -83,9 +83,14 @@ def scores(
     return s
 
 
-def _finite(m: np.ndarray) -> np.ndarray:
-    """The shift a row's exponentials use: its max, or 0 for a row with no key yet (all masked)."""
-    return np.where(np.isfinite(m), m, 0.0)
+def _shift(m: np.ndarray) -> np.ndarray:
+    """The shift a row's exponentials use: its max, or 0 while every key it saw scored ``-inf``.
+
+    Only ``-inf`` is replaced (``-inf - -inf`` would be NaN for a row with no key yet); a NaN or
+    ``+inf`` max stays, so the row's exponentials, sum and output turn NaN as the plain softmax's
+    ``exp(s - max(s))`` does.
+    """
+    return np.where(m == -np.inf, 0.0, m)
 
 
 def online_softmax(s: np.ndarray, m: np.ndarray, l: np.ndarray) -> tuple[np.ndarray, ...]:  # noqa: E741
@@ -94,10 +99,11 @@ def online_softmax(s: np.ndarray, m: np.ndarray, l: np.ndarray) -> tuple[np.ndar
     ``p = exp(s - m_new)`` (0 where masked), ``alpha = exp(m - m_new)`` the factor the rows'
     earlier sums and outputs are rescaled by, ``l_new = alpha * l + sum(p)``.
     """
-    m_new = np.maximum(m, s.max(axis=-1))
-    shift = _finite(m_new)
-    p = np.exp(s - shift[..., None])
-    alpha = np.exp(m - shift)
+    m_new = np.maximum(m, s.max(axis=-1))  # NaN if any score is NaN (np.maximum propagates it)
+    shift = _shift(m_new)
+    with np.errstate(invalid="ignore"):  # inf - inf: a NaN the plain softmax has too
+        p = np.exp(s - shift[..., None])
+        alpha = np.exp(m - shift)
     return p, m_new, alpha * l + p.sum(axis=-1), alpha
 
 
@@ -107,16 +113,23 @@ def accumulate(acc: np.ndarray, alpha: np.ndarray, p: np.ndarray, v: np.ndarray)
 
 
 def finish(acc: np.ndarray, m: np.ndarray, l: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # noqa: E741
-    """``(o, lse)``: the normalised output (0 for a row that saw no key) and ``m + log l``."""
+    """``(o, lse)``: the normalised output and ``m + log l``.
+
+    A row whose every score was ``-inf`` has ``l = 0``: its output is ``0 / 0``, NaN, as the
+    plain softmax's ``exp(-inf - -inf)`` is; a NaN ``m`` or ``l`` carries through to both.
+    """
     with np.errstate(divide="ignore", invalid="ignore"):
-        o = np.where(l[..., None] > 0, acc / l[..., None], 0.0)
-        lse = np.where(l > 0, m + np.log(l), -np.inf)
-    return o, lse
+        return acc / l[..., None], m + np.log(l)
 
 
 def probabilities(s: np.ndarray, lse: np.ndarray) -> np.ndarray:
-    """The block's softmax probabilities recomputed from the scores and the rows' log-sum-exp."""
-    return np.exp(s - _finite(lse)[..., None]) * np.isfinite(lse)[..., None]
+    """The block's softmax probabilities recomputed from the scores and the rows' log-sum-exp.
+
+    Unguarded: a NaN ``lse`` gives a NaN row, and ``lse = -inf`` (every score ``-inf``) gives
+    ``exp(-inf - -inf)``, NaN, exactly where the plain softmax's probabilities are NaN.
+    """
+    with np.errstate(invalid="ignore"):
+        return np.exp(s - lse[..., None])
 
 
 def score_grad(p: np.ndarray, do: np.ndarray, v: np.ndarray, delta: np.ndarray) -> np.ndarray:

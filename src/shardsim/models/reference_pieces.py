@@ -97,10 +97,14 @@ def _rstd(x: np.ndarray, eps: float) -> np.ndarray:
 def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float = 1e-5) -> np.ndarray:
     """RMSNorm over the last dimension (Zhang & Sennrich 2019): ``gamma * x / sqrt(mean(x²) + eps)``.
 
+    Normalised first, then scaled by gamma (as Megatron, Apex and PyTorch do, and as
+    :mod:`shardsim.transformer.norms` does): ``gamma * x`` first would overflow for a large gain
+    while the normalised value is finite.
+
     >>> rms_norm(np.array([[3.0, -3.0]]), np.array([1.0, 2.0]), eps=0.0)
     array([[ 1., -2.]])
     """
-    return gamma * x * _rstd(x, eps)
+    return gamma * (x * _rstd(x, eps))
 
 
 def rms_norm_backward(
