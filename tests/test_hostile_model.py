@@ -191,6 +191,8 @@ def test_run_model_and_the_trainer_name_a_bad_input(bad: dict[str, object], erro
 def test_run_model_names_an_argument_of_the_wrong_kind(cfg: object, plan: object, mesh: object, words: str) -> None:
     with pytest.raises(ArgumentTypeError, match=words):
         run_model(cfg, plan, mesh, PARAMS, TOKENS, TOKENS)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentTypeError, match=words.replace("run_model", "Trainer.for_model")):  # the same check
+        Trainer.for_model(cfg, plan, mesh, PARAMS, SGD(lr=0.1))  # type: ignore[arg-type]
 
 
 def test_run_model_reads_a_plan_string() -> None:

@@ -26,6 +26,7 @@ from shardsim.training.model_trainer import ModelTrainer
 
 LLAMA = get("llama-tiny")  # 2 layers, D=32, 4 heads (2 kv), F=96, V=64, S=16
 DROPOUT = LLAMA.scaled(dropout=0.1)
+TOK = np.arange(32).reshape(2, 16) % 64
 PLANS = [
     Plan(tp=2),
     Plan(tp=2, pp=2, microbatches=2),
@@ -78,15 +79,19 @@ def test_the_step_seed_is_a_documented_function_of_the_seed_and_the_step() -> No
     assert step_dropout_seed(np.int64(3), np.int32(2)) == step_dropout_seed(3, 2)
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, "0", True, [1]], ids=repr)
+@pytest.mark.parametrize("bad", [-1, 1.5, "0", True, [1], 2**64], ids=repr)
 def test_a_bad_dropout_seed_is_refused_up_front(bad: object) -> None:
     from shardsim.training import step_dropout_seed
 
-    with pytest.raises(PlanError, match=r"dropout_seed must be a non-negative integer, got .*dropout_seed=0"):
+    with pytest.raises(
+        PlanError, match=r"dropout_seed must be a non-negative integer below 2\*\*64, got .*dropout_seed=0"
+    ):
         trainer(DROPOUT, Plan(dp=2), dropout_seed=bad)
+    with pytest.raises(PlanError, match=r"dropout_seed must be a non-negative integer"):  # run_model's own check
+        shardsim.run_model(DROPOUT, Plan(dp=2), Plan(dp=2).mesh(), reference.init(DROPOUT), TOK, TOK, dropout_seed=bad)
     with pytest.raises(PlanError, match=r"dropout_seed must be a non-negative integer"):
         step_dropout_seed(bad, 1)  # type: ignore[arg-type]
-    with pytest.raises(PlanError, match=r"step must be a non-negative integer, got -1"):
+    with pytest.raises(PlanError, match=r"step must be a non-negative integer \(1 for the first step\), got -1"):
         step_dropout_seed(0, -1)
 
 

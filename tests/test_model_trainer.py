@@ -174,7 +174,9 @@ def test_bad_input_names_the_culprit() -> None:
         Trainer.for_model(LLAMA, Plan(dp=2), Plan(dp=2).mesh(), {"embed": params["embed"]})
     with pytest.raises(PlanError, match="loss scaling"):
         Trainer.for_model(LLAMA, Plan(dp=2), Plan(dp=2).mesh(), params, precision="fp16")
-    with pytest.raises(PlanError, match="TransformerConfig"):
+    with pytest.raises(
+        shardsim.ArgumentTypeError, match="Trainer.for_model: cfg must be a shardsim.models.TransformerConfig"
+    ):
         Trainer.for_model("llama-tiny", Plan(dp=2), Plan(dp=2).mesh(), params)  # type: ignore[arg-type]
     t = Trainer.for_model(LLAMA, Plan(dp=4), Plan(dp=4).mesh(), params)
     tok = np.zeros((2, 16), np.int64)

@@ -110,17 +110,11 @@ class ModelTrainer(Checkpointed):
         reduce_dtype: Any = None,
         dropout_seed: int | None = None,
     ) -> None:
-        from ..plans import Plan
         from ..transformer import checks
         from ..transformer.roles import Roles
         from ..transformer.run import place_weights
 
-        if not isinstance(cfg, TransformerConfig):
-            raise PlanError(f"Trainer.for_model needs a shardsim.models.TransformerConfig, got {type(cfg).__name__}")
-        if not isinstance(plan, Plan):
-            raise PlanError(f"Trainer.for_model needs a shardsim.plans.Plan, got {type(plan).__name__}")
-        if not isinstance(mesh, Mesh):
-            raise PlanError(f"Trainer.for_model needs a shardsim.Mesh (e.g. plan.mesh()), got {type(mesh).__name__}")
+        plan = checks.check_arguments(cfg, plan, mesh, who="Trainer.for_model")
         checks.check_plan(plan, mesh)
         check_params(cfg, params)
         checks.check_model(cfg, plan.replace(sp=False, cp=1), cfg.seq)  # the widths; each step checks its sequence
@@ -136,7 +130,7 @@ class ModelTrainer(Checkpointed):
                 f"precision {self.precision}: the transformer's step has no loss scaling yet, which float16 "
                 "needs; use precision='bf16' (no loss scale) or the MLP Trainer"
             )
-        self.dropout_seed = _checked_seed(dropout_seed)
+        self.dropout_seed = checks.check_dropout_seed(dropout_seed)
         self.roles = roles = Roles.of(plan, cfg.n_kv)
         self.data_axis = roles.data
         split = plan.zero >= 1 and roles.data is not None  # ZeRO-1/2/3: the state split over data
@@ -311,17 +305,9 @@ def step_dropout_seed(seed: int, step: int) -> int:
     >>> step_dropout_seed(0, 1), step_dropout_seed(0, 2)
     (3964924996, 3141116543)
     """
-    for name, value in (("dropout_seed", seed), ("step", step)):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise PlanError(
-                f"{name} must be a non-negative integer, got {value!r}; pass e.g. {name}=0 "
-                "(dropout_seed=None turns dropout off)"
-            )
+    from ..transformer.checks import check_dropout_seed
+
+    check_dropout_seed(seed)
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise PlanError(f"step must be a non-negative integer (1 for the first step), got {step!r}")
     return int(np.random.SeedSequence([int(seed), int(step)]).generate_state(1)[0])
-
-
-def _checked_seed(seed: Any) -> int | None:
-    """A dropout seed: None (no dropout) or a non-negative integer, as NumPy's generators take."""
-    if seed is not None:
-        step_dropout_seed(seed, 0)  # refuses anything else
-    return None if seed is None else int(seed)

@@ -205,6 +205,18 @@ def check_arguments(cfg: Any, plan: Any, mesh: Any, who: str = "run_model") -> P
     return plan
 
 
+def check_dropout_seed(seed: Any) -> int | None:
+    """A dropout seed: None (dropout off) or a non-negative integer below 2**64, as NumPy's generators take."""
+    if seed is None:
+        return None
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
+        raise PlanError(
+            f"dropout_seed must be a non-negative integer below 2**64, got {seed!r}; pass e.g. dropout_seed=0 "
+            "(dropout_seed=None turns dropout off)"
+        )
+    return int(seed)
+
+
 def shape_of(v: Any, name: str = "token ids") -> tuple[int, ...]:
     if isinstance(v, ShapeDtype) or (hasattr(v, "shape") and hasattr(v, "dtype")):
         return tuple(v.shape)

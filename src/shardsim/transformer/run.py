@@ -212,6 +212,7 @@ def run_model(
     reference's masks.
     """
     plan = checks.check_arguments(cfg, plan, mesh)
+    dropout_seed = checks.check_dropout_seed(dropout_seed)
     checks.check_plan(plan, mesh)
     check_params(cfg, params)  # the reference's own check: one list of weights, one message
     _, s = checks.check_tokens(cfg, plan, tokens, targets)
