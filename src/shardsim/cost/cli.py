@@ -33,6 +33,7 @@ from .._cli_args import (
     count,
     mesh_type,
     write_chrome_trace_option,
+    write_png_option,
 )
 from .._cli_output import add_output_options, write_csv, write_json
 from .._format import table_text
@@ -150,7 +151,7 @@ def cli_estimate(args: argparse.Namespace) -> int:
         if crit is not None:
             print(crit)
     if args.png:
-        _png(lambda: est.timeline.plot(args.png), args.png, quiet=args.json or args.csv)
+        _png(lambda: est.timeline.plot(), args.png, quiet=args.json or args.csv)
     write_chrome_trace_option({est.scheme: est.timeline}, args.chrome_trace, quiet=args.json or args.csv)
     return 0
 
@@ -192,7 +193,7 @@ def cli_model_estimate(args: argparse.Namespace) -> int:
         if args.breakdown:
             _print_breakdown(est)
     if args.png:
-        _png(lambda: est.timeline.plot(args.png), args.png, quiet=args.json or args.csv)
+        _png(lambda: est.timeline.plot(), args.png, quiet=args.json or args.csv)
     write_chrome_trace_option({str(est.plan): est.timeline}, args.chrome_trace, quiet=args.json or args.csv)
     return 0
 
@@ -336,7 +337,7 @@ def cli_sweep(args: argparse.Namespace) -> int:
     if args.png:
         from .crossover import crossover_png
 
-        _png(lambda: crossover_png({hw.name: rows}, args.png), args.png, quiet=args.json or args.csv)
+        _png(lambda: crossover_png({hw.name: rows}), args.png, quiet=args.json or args.csv)
     return 0
 
 
@@ -410,7 +411,7 @@ def parse_batches(text: str) -> list[int]:
             raise CommandLineError(usage) from None
         if not (math.isfinite(lo) and math.isfinite(hi) and 1 <= lo <= hi <= LIMITS["batch"]):
             raise CommandLineError(f"{usage}, with 1 <= lo <= hi <= 2**34")
-        if not (n == int(n) and 2 <= n <= limit):
+        if not (math.isfinite(n) and n == int(n) and 2 <= n <= limit):
             raise CommandLineError(f"{usage}, with a count from 2 to {limit:,}")
         steps = int(n) - 1
         values = [round(math.exp(math.log(lo) + i * (math.log(hi) - math.log(lo)) / steps)) for i in range(steps + 1)]
@@ -474,11 +475,9 @@ def _check_png(path: str | None) -> None:
 
 
 def _png(draw: Any, path: str, *, quiet: bool) -> None:
+    """Draw the figure (``draw()``) and save it as ``--png``'s ``path`` the safe way."""
     try:
-        draw()
+        figure = draw()
     except ImportError as e:
         raise CommandLineError(f"--png: {e}") from None
-    except (OSError, ValueError) as e:
-        raise CommandLineError(f"--png {path!r}: {getattr(e, 'strerror', None) or e}") from None
-    if not quiet:
-        print(f"wrote {path}")
+    write_png_option(figure, path, quiet=quiet)
