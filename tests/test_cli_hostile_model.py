@@ -59,7 +59,7 @@ def test_a_mesh_size_is_a_positive_whole_number_in_ascii_digits(size: str) -> No
     if plain.isascii() and plain.isdigit() and 1 <= int(plain) <= 4096:
         assert mesh_type()(f"X={size}") == {"X": int(plain)}
     else:
-        with pytest.raises(argparse.ArgumentTypeError, match="mesh axis 'X'|chips; the limit|NAME=VALUE pairs"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"mesh axis 'X'|chips; the limit|NAME=VALUE pairs"):
             mesh_type()(f"X={size}")
 
 
@@ -67,9 +67,9 @@ def test_a_mesh_size_is_a_positive_whole_number_in_ascii_digits(size: str) -> No
 @settings(max_examples=200, deadline=None, derandomize=True)
 def test_a_count_is_a_whole_number_in_ascii_digits(text: str) -> None:
     plain = text.strip()
-    if plain.isascii() and plain.lstrip("-").isdigit() and plain.count("-") <= 1 and plain[:1] != "+":
-        if 1 <= int(plain) <= 10_000:
-            assert count("steps")(text) == int(plain)
-            return
+    digits = plain.isascii() and plain.lstrip("-").isdigit() and plain.count("-") <= 1 and plain[:1] != "+"
+    if digits and 1 <= int(plain) <= 10_000:
+        assert count("steps")(text) == int(plain)
+        return
     with pytest.raises(argparse.ArgumentTypeError, match="expected a whole number"):
         count("steps")(text)
