@@ -9,7 +9,12 @@ Every mutated command line must exit 2 with one line on stderr; every base must 
 
 from __future__ import annotations
 
+import atexit
+import os
 import random
+import shutil
+import tempfile
+from pathlib import Path
 
 #: Cheap invocations that succeed (exit 0), per subcommand.
 BASES: dict[str, list[list[str]]] = {
@@ -33,8 +38,25 @@ _COUNT = ["0", "-1", "-16", "1.5", "1e9", "", " ", "abc", "²", "nan", "inf", "0
 _COUNT += ["+2", "1_6", "١٦"]
 _MESH = ["X=²", "X=0", "X=-2", "X", "=2", "X=2,X=2", "X=1000000000", "X=2,,Y=2", "X=1.5", "", "X=2=3", "X=inf"]
 _MESH += ["X=+2", "X=2_0", "X=٢", "X=0x2"]
-#: Paths no output file may be written to (the folder-relative ones are made by ``hostile_paths``).
-_OUT = ["", "/nonexistent-shardsim-dir/x.out", "/", "/dev/null"]
+
+
+def hostile_paths() -> list[str]:
+    """A link to a file, a dangling link and a FIFO in a fresh folder (removed at exit): paths an
+    output file must never be written through, nor block on."""
+    folder = Path(tempfile.mkdtemp(prefix="shardsim-cli-cases-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    (folder / "victim").write_text("")
+    (folder / "link").symlink_to(folder / "victim")
+    (folder / "dangling").symlink_to(folder / "nowhere")
+    paths = [str(folder / "link"), str(folder / "dangling")]
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(folder / "fifo")
+        paths.append(str(folder / "fifo"))
+    return paths
+
+
+#: Paths no output file may be written to.
+_OUT = ["", "/nonexistent-shardsim-dir/x.out", "/", "/dev/null", *hostile_paths()]
 #: Hostile values for each flag, by what the flag takes.
 VALUES: dict[str, list[str]] = {
     "--batch": _COUNT,
