@@ -137,3 +137,13 @@ def test_png_is_written_as_a_png(tmp_path, capsys) -> None:
     out = tmp_path / "t.png"
     assert main(["estimate", "--png", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_png_without_matplotlib_is_refused_before_any_output(tmp_path, capsys, monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert main(["estimate", "--png", str(tmp_path / "t.png")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--png" in err and "needs matplotlib" in err and not (tmp_path / "t.png").exists()

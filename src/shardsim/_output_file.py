@@ -22,6 +22,7 @@ b'{}'
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import uuid
@@ -71,7 +72,7 @@ def write_output(path: str | os.PathLike[str], data: bytes) -> None:
     """
     problem = output_problem(path)
     if problem is not None:
-        raise OSError(0, problem, os.fspath(path))
+        raise OSError(errno.EINVAL, problem, os.fspath(path))
     target = Path(os.path.abspath(os.fspath(path)))
     folder_fd = os.open(target.parent, DIRECTORY)  # links among the folders are the user's own
     tmp = f".{target.name}.tmp-{uuid.uuid4().hex[:12]}"

@@ -23,6 +23,7 @@ memory ... GB per chip of 96 GB
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 from typing import Any
 
@@ -470,8 +471,10 @@ def _hardware(args: argparse.Namespace) -> Hardware:
 
 
 def _check_png(path: str | None) -> None:
-    """Refuse a ``--png`` that cannot be written before any work is done."""
+    """Refuse a ``--png`` that cannot be written, or drawn without matplotlib, before any work is done."""
     check_output_path("--png", path)
+    if path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise CommandLineError(f"--png {path!r} needs matplotlib to draw: pip install 'shardsim[plot]'")
 
 
 def _png(draw: Any, path: str, *, quiet: bool) -> None:
