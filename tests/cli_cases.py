@@ -9,7 +9,12 @@ Every mutated command line must exit 2 with one line on stderr; every base must 
 
 from __future__ import annotations
 
+import atexit
+import os
 import random
+import shutil
+import tempfile
+from pathlib import Path
 
 #: Cheap invocations that succeed (exit 0), per subcommand.
 BASES: dict[str, list[list[str]]] = {
@@ -24,10 +29,34 @@ BASES: dict[str, list[list[str]]] = {
     "sweep": [["sweep", "--chips", "8", "--hardware", "h100", "--batches", "1024,4096"]],
     "critical": [["critical"], ["critical", "--scheme", "ddp", "--chips", "16"]],
     "schemes": [["schemes"]],
+    "plan": [["plan", "--model", "gpt-tiny", "--chips", "2", "--batch-tokens", "64", "--seq", "16", "--allow", "dp"]],
 }
+BASES["demo"] += [["demo", "--model", "gpt-tiny", "--quiet", "--plan", "tp=2"]]
+BASES["critical"] += [["critical", "--scheme", "pp"]]
 
 _COUNT = ["0", "-1", "-16", "1.5", "1e9", "", " ", "abc", "²", "nan", "inf", "0x10", "9" * 30, "1" + "0" * 400]
+_COUNT += ["+2", "1_6", "١٦"]
 _MESH = ["X=²", "X=0", "X=-2", "X", "=2", "X=2,X=2", "X=1000000000", "X=2,,Y=2", "X=1.5", "", "X=2=3", "X=inf"]
+_MESH += ["X=+2", "X=2_0", "X=٢", "X=0x2"]
+
+
+def hostile_paths() -> list[str]:
+    """A link to a file, a dangling link and a FIFO in a fresh folder (removed at exit): paths an
+    output file must never be written through, nor block on."""
+    folder = Path(tempfile.mkdtemp(prefix="shardsim-cli-cases-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    (folder / "victim").write_text("")
+    (folder / "link").symlink_to(folder / "victim")
+    (folder / "dangling").symlink_to(folder / "nowhere")
+    paths = [str(folder / "link"), str(folder / "dangling")]
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(folder / "fifo")
+        paths.append(str(folder / "fifo"))
+    return paths
+
+
+#: Paths no output file may be written to.
+_OUT = ["", "/nonexistent-shardsim-dir/x.out", "/", "/dev/null", *hostile_paths()]
 #: Hostile values for each flag, by what the flag takes.
 VALUES: dict[str, list[str]] = {
     "--batch": _COUNT,
@@ -42,7 +71,11 @@ VALUES: dict[str, list[str]] = {
     "--seed": ["-1", "4294967296", "x", "1.0", "", "-0x1"],
     "--lr": ["nan", "inf", "-1", "0", "x", "", "-inf", "1e999"],
     "--batches": ["1:2", "a,b", "0,1", "100:1:5", "1:100:1", "1:100:100000", "nan:1:3", "-5,10", ",,", "1:inf:3"],
-    "--png": ["/nonexistent-shardsim-dir/x.png", "/"],
+    "--png": _OUT,
+    "--chrome-trace": _OUT,
+    "--seq": _COUNT,
+    "--reduce-dtype": ["int8", "bool", "complex64", "int64", "", "nosuch"],
+    "--allow": ["", ",", "nosuch", "dp,,nosuch"],
     "--scheme": ["nosuch", "", "ALL", "ddp,,nosuch"],
     "--schemes": ["nosuch", "", ",", "ddp,nosuch"],
     "--hardware": ["nosuch", ""],
@@ -63,8 +96,11 @@ FLAGS: dict[str, list[str]] = {
     "critical": ["--d-model", "--d-ff", "--layers", "--chips", "--mesh", "--hardware", "--scheme", "--links"],
     "schemes": [],
 }
-FLAGS["train"] += ["--optimizer", "--precision"]
-FLAGS["estimate"] += ["--scheme", "--hardware", "--links"]
+FLAGS["train"] += ["--optimizer", "--precision", "--reduce-dtype", "--chrome-trace"]
+FLAGS["estimate"] += ["--scheme", "--hardware", "--links", "--chrome-trace"]
+FLAGS["demo"] += ["--chrome-trace"]
+FLAGS["plan"] = ["--chips", "--allow", "--seq"]
+VALUES["--batches"] += ["1:10:nan", "1:10:inf"]
 
 #: The mutation classes (what a campaign counts by).
 CLASSES = ("bad value", "unknown flag", "missing value", "unknown command", "bad value twice")

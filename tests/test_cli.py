@@ -377,7 +377,8 @@ def test_sweep_lists_every_scheme_and_batch(capsys) -> None:
 
 def test_estimate_bad_mesh_is_a_clean_error(capsys) -> None:
     assert cli.main(["estimate", "--mesh", "X=sixteen"]) == 2
-    assert "argument --mesh: mesh axis 'X' needs a whole-number size, got 'sixteen'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "argument --mesh: mesh axis 'X' needs a whole-number size written in digits, got 'sixteen'" in err
 
 
 def test_train_runs_every_stage_and_matches_one_device(capsys) -> None:

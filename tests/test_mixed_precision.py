@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import shardsim as ss
 from shardsim import mlp
@@ -118,3 +120,34 @@ def test_reduce_dtype_needs_a_data_parallel_axis() -> None:
     params, _, _ = data()
     with pytest.raises(ss.ShardingError, match="tp reduces no gradients over a data-parallel axis"):
         Trainer("tp", ss.Mesh(Y=2), params, precision="bf16", reduce_dtype="float32")
+
+
+# -- dtypes a precision refuses ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("make", "field", "dtype"),
+    [
+        (lambda: Precision("int8"), "compute", "int8"),
+        (lambda: Precision("complex64"), "compute", "complex64"),
+        (lambda: Precision("float32", reduce="complex64"), "reduce", "complex64"),
+        (lambda: Precision("bfloat16", "int32"), "master", "int32"),
+        (lambda: Precision("float32", moments="bool"), "moments", "bool"),
+        (lambda: Precision.of("fp32", reduce="int8"), "reduce", "int8"),
+    ],
+)
+def test_a_non_float_precision_dtype_is_a_dtype_error_naming_its_field(make, field, dtype) -> None:
+    with pytest.raises(ss.DtypeError) as e:
+        make()
+    message = str(e.value)
+    assert f"Precision {field}={dtype!r} is not a floating-point dtype" in message
+    assert "['float16', 'bfloat16', 'float32', 'float64']" in message and f"{field}='float32'" in message
+
+
+@given(st.sampled_from(sorted({np.dtype(c).name for c in np.typecodes["All"] if c not in "OSUVMm"} | {"bfloat16"})))
+@settings(max_examples=40, deadline=None, derandomize=True)
+def test_a_precision_takes_exactly_the_float_dtypes(name: str) -> None:
+    floats = {"float16", "bfloat16", "float32", "float64"}
+    if name in floats:
+        assert Precision("float32", reduce=name).reduce.name == name
+    else:
+        with pytest.raises(ss.DtypeError, match="is not a floating-point dtype"):
+            Precision("float32", reduce=name)

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import math
 import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._options import key_values
+from ._options import mesh_sizes, whole_number
+from ._output_file import output_problem, write_output
 from .errors import CommandLineError
 from .memory import fmt_bytes
 
@@ -50,11 +52,11 @@ SEED_MAX = 2**32 - 1
 
 
 def _whole(text: str) -> int:
-    """``text`` as a whole number, or an :class:`argparse.ArgumentTypeError` quoting it."""
-    try:
-        return int(text.strip())
-    except (ValueError, AttributeError):
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    """``text`` as a whole number written in digits, or an :class:`argparse.ArgumentTypeError` quoting it."""
+    n = whole_number(text)
+    if n is None:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return n
 
 
 def count(limit: str, low: int = 1) -> Callable[[str], int]:
@@ -112,16 +114,7 @@ def mesh_type(limit: str = "chips") -> Callable[[str], dict[str, int]]:
     high = LIMITS[limit]
 
     def parse(text: str) -> dict[str, int]:
-        sizes = {}
-        for axis, size in key_values(text).items():
-            try:
-                sizes[axis] = int(size)
-            except ValueError:
-                raise argparse.ArgumentTypeError(
-                    f"mesh axis {axis!r} needs a whole-number size, got {size!r} (write e.g. X=2,Y=4)"
-                ) from None
-            if sizes[axis] < 1:
-                raise argparse.ArgumentTypeError(f"mesh axis {axis!r} needs at least 1 chip, got {size}")
+        sizes = mesh_sizes(text)
         chips = math.prod(sizes.values())
         if chips > high:
             raise argparse.ArgumentTypeError(f"{text!r} is {chips:,} chips; the limit is {high:,}")
@@ -165,8 +158,13 @@ def check_host_memory(need: int, what: str, alternative: str) -> None:
 
 
 # -- files the command line writes ----------------------------------------------------------
+def _suffix(flag: str) -> str:
+    return ".png" if flag == "--png" else ".json"
+
+
 def check_output_path(flag: str, path: str | None) -> None:
-    """Refuse a file option (``--png``, ``--chrome-trace``) that cannot be written, before any work.
+    """Refuse a file option (``--png``, ``--chrome-trace``) that cannot be written, before any
+    work: an empty path, a missing folder, a folder, a symbolic link, a FIFO or a device.
 
     >>> check_output_path("--chrome-trace", None)
     >>> check_output_path("--chrome-trace", "/")  # doctest: +ELLIPSIS
@@ -176,12 +174,21 @@ def check_output_path(flag: str, path: str | None) -> None:
     """
     if path is None:
         return
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise CommandLineError(f"{flag} {path!r}: the folder {folder!r} does not exist")
-    if os.path.isdir(path):
-        example = "out" + (os.path.splitext(path)[1] or (".png" if flag == "--png" else ".json"))
-        raise CommandLineError(f"{flag} {path!r} is a folder; give a file name, e.g. {os.path.join(path, example)}")
+    problem = output_problem(path, _suffix(flag))
+    if problem is not None:
+        raise CommandLineError(f"{flag} {path!r} {problem}")
+
+
+def write_output_option(flag: str, path: str, data: bytes, *, quiet: bool) -> None:
+    """Write a file option's ``data`` to ``path`` as a checkpoint writes its files (atomically,
+    never through a link, never into a FIFO); a failure is a one-line :class:`~shardsim.CommandLineError`."""
+    check_output_path(flag, path)  # again: the path may have changed while the command ran
+    try:
+        write_output(path, data)
+    except OSError as e:
+        raise CommandLineError(f"{flag} {path!r} cannot be written: {e.strerror or e}") from None
+    if not quiet:
+        print(f"wrote {path}")
 
 
 def add_chrome_trace_option(parser: argparse.ArgumentParser, what: str) -> None:
@@ -194,20 +201,26 @@ def add_chrome_trace_option(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def write_chrome_trace_option(programs: Mapping[str, Any], path: str | None, *, quiet: bool) -> None:
-    """Write ``programs`` (traces or time lines, by name) to ``--chrome-trace``'s ``path``, if given.
-
-    A file that cannot be written is a one-line :class:`~shardsim.CommandLineError`.
-    """
+    """Write ``programs`` (traces or time lines, by name) to ``--chrome-trace``'s ``path``, if given."""
     if path is None:
         return
     from .trace_events import export_chrome_trace
 
-    try:
-        export_chrome_trace(programs, path)
-    except OSError as e:
-        raise CommandLineError(f"--chrome-trace {path!r}: {e.strerror or e}") from None
-    if not quiet:
-        print(f"wrote {path}")
+    doc = export_chrome_trace(programs, None)
+    write_output_option("--chrome-trace", path, json.dumps(doc, allow_nan=False).encode("utf-8"), quiet=quiet)
+
+
+#: The resolution of a ``--png`` (the plotting functions' own default).
+PNG_DPI = 150
+
+
+def write_png_option(figure: Any, path: str, *, quiet: bool) -> None:
+    """Save a matplotlib ``figure`` as ``--png``'s ``path`` with :func:`write_output_option`."""
+    import io
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=PNG_DPI, bbox_inches="tight")
+    write_output_option("--png", path, buffer.getvalue(), quiet=quiet)
 
 
 # -- messages in the command line's words -----------------------------------------------------

@@ -7,6 +7,21 @@ A module of its own because :mod:`shardsim.cli` imports the other two at load ti
 from __future__ import annotations
 
 import argparse
+import re
+
+# A whole number as a person writes it: ASCII digits, an optional minus sign, nothing else
+# (int() alone would also take "+2", "2_000" and other scripts' digits such as "٢").
+_WHOLE = re.compile(r"-?[0-9]+")
+
+
+def whole_number(text: str) -> int | None:
+    """``text`` as a whole number written in digits (spaces around it ignored), else None.
+
+    >>> whole_number(" 12 "), whole_number("-3"), whole_number("+2"), whole_number("1_0")
+    (12, -3, None, None)
+    """
+    stripped = text.strip() if isinstance(text, str) else ""
+    return int(stripped) if _WHOLE.fullmatch(stripped) else None
 
 
 def positive_int(text: str) -> int:
@@ -15,10 +30,9 @@ def positive_int(text: str) -> int:
     >>> positive_int("4")
     4
     """
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
+    n = whole_number(text)
+    if n is None:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, got {n}")
     return n
@@ -50,15 +64,24 @@ def key_values(text: str) -> dict[str, str]:
 
 
 def mesh_sizes(text: str) -> dict[str, int]:
-    """``"X=2,Y=4"`` → ``{"X": 2, "Y": 4}``: the ``--mesh`` option.
+    """``"X=2,Y=4"`` → ``{"X": 2, "Y": 4}``: the ``--mesh`` option; every size a positive whole
+    number written in digits.
 
     >>> mesh_sizes("X=2,Y=4")
     {'X': 2, 'Y': 4}
+    >>> mesh_sizes("X=+2")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: mesh axis 'X' needs a whole-number size written in digits, got '+2' (write e.g. X=2,Y=4)
     """
     out = {}
     for axis, size in key_values(text).items():
-        try:
-            out[axis] = int(size)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"mesh axis {axis!r} needs a whole-number size, got {size!r}") from None
+        n = whole_number(size)
+        if n is None:
+            raise argparse.ArgumentTypeError(
+                f"mesh axis {axis!r} needs a whole-number size written in digits, got {size!r} (write e.g. X=2,Y=4)"
+            )
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"mesh axis {axis!r} needs at least 1 chip, got {size}")
+        out[axis] = n
     return out

@@ -659,7 +659,8 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
 def demo(args: argparse.Namespace) -> int:
     """``shardsim demo``: layouts, steps, bytes, memory and the check, per scheme."""
     if args.model is not None:
-        return _demo_model(args.model, args.plan or ["tp=2", "tp=2,sp"])
+        check_model_options(args)
+        return _demo_model(args.model, args.plan or ["tp=2", "tp=2,sp"], quiet=args.quiet)
     if args.plan:
         raise CommandLineError("--plan walks a transformer: give --model too (e.g. --model gpt-tiny --plan tp=2,sp)")
     names = _scheme_names(args.scheme)
@@ -720,8 +721,30 @@ def demo(args: argparse.Namespace) -> int:
 MODEL_WALK_PARAMS = 1 << 22
 
 
-def _demo_model(model: str, plans: list[str]) -> int:
-    """``shardsim demo --model``: one block of a small transformer, step by step, under each plan."""
+#: The MLP demo's options and their defaults: ``--model`` walks a preset at its own sizes and
+#: prints text, so it reads none of them (``--quiet`` it honours).
+MLP_ONLY_OPTIONS: dict[str, Any] = {
+    "scheme": None, "mesh": None, "axes": None, "batch": None, "d_model": SEED_SIZES["d_model"],
+    "d_ff": SEED_SIZES["d_ff"], "activation": "identity", "dtype": "float32", "seed": 0, "option": [],
+    "engine": "numpy", "json": False, "csv": False, "chrome_trace": None,
+}  # fmt: skip
+
+
+def check_model_options(args: argparse.Namespace) -> None:
+    """Refuse, by name, the MLP demo's options given beside ``--model`` (they would be ignored)."""
+    given = [name for name, default in MLP_ONLY_OPTIONS.items() if getattr(args, name, default) != default]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise CommandLineError(
+            f"{flags}: the MLP demo's option(s); --model {args.model} walks the preset's own sizes under --plan and "
+            f"prints text, so drop them (its step time and bytes as JSON: shardsim estimate --model {args.model} "
+            "--batch-tokens N --json)"
+        )
+
+
+def _demo_model(model: str, plans: list[str], *, quiet: bool = False) -> int:
+    """``shardsim demo --model``: one block of a small transformer, step by step, under each plan
+    (with ``quiet``, one PASS/FAIL line per plan)."""
     from .models import get
     from .transformer.demo import walk
 
@@ -732,9 +755,30 @@ def _demo_model(model: str, plans: list[str]) -> int:
             f"(at most {MODEL_WALK_PARAMS:,}: gpt-tiny, llama-tiny, moe-tiny); size {model} shape-only with "
             "'shardsim estimate'"
         )
+    for plan in plans:  # every plan before any walk: a bad one prints one error and nothing else
+        _check_walk_plan(plan)
     texts = [walk(cfg, plan) for plan in plans]
-    print("\n\n".join(texts))
-    return 0 if all(t.rstrip().endswith("PASS") for t in texts) else 1
+    passed = [t.rstrip().endswith("PASS") for t in texts]
+    if quiet:
+        for plan, ok in zip(plans, passed):
+            print(f"{model} under {plan}: {'PASS' if ok else 'FAIL'}")
+    else:
+        print("\n\n".join(texts))
+    return 0 if all(passed) else 1
+
+
+def _check_walk_plan(text: str) -> None:
+    """Refuse a ``--plan`` that is empty or needs more chips than a demo holds (each chip holds NumPy blocks)."""
+    from .plans import Plan
+
+    if not text.strip():
+        raise CommandLineError(f"--plan {text!r} is empty; name the plan to walk, e.g. --plan tp=2 or --plan tp=2,sp")
+    chips = Plan.parse(text).chips
+    if chips > LIMITS["chips"]:
+        raise CommandLineError(
+            f"--plan {text} needs {chips:,} chips; a walk-through holds every chip's blocks, at most "
+            f"{LIMITS['chips']:,} chips: use smaller degrees, or size it shape-only with 'shardsim estimate --model'"
+        )
 
 
 def demo_row(run: DemoRun) -> dict[str, Any]:

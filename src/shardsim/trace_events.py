@@ -124,9 +124,10 @@ def _process(pid: int, process: str, slices: Sequence[TraceSlice]) -> list[dict[
 
 
 def _write(doc: dict[str, Any], path: str | os.PathLike[str] | None) -> dict[str, Any]:
-    if path is not None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(doc, f, allow_nan=False)
+    if path is not None:  # as a checkpoint writes: never through a link, never into a FIFO
+        from ._output_file import write_output
+
+        write_output(path, json.dumps(doc, allow_nan=False).encode("utf-8"))
     return doc
 
 

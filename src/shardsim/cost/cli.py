@@ -23,6 +23,7 @@ memory ... GB per chip of 96 GB
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 from typing import Any
 
@@ -33,6 +34,7 @@ from .._cli_args import (
     count,
     mesh_type,
     write_chrome_trace_option,
+    write_png_option,
 )
 from .._cli_output import add_output_options, write_csv, write_json
 from .._format import table_text
@@ -150,7 +152,7 @@ def cli_estimate(args: argparse.Namespace) -> int:
         if crit is not None:
             print(crit)
     if args.png:
-        _png(lambda: est.timeline.plot(args.png), args.png, quiet=args.json or args.csv)
+        _png(lambda: est.timeline.plot(), args.png, quiet=args.json or args.csv)
     write_chrome_trace_option({est.scheme: est.timeline}, args.chrome_trace, quiet=args.json or args.csv)
     return 0
 
@@ -192,7 +194,7 @@ def cli_model_estimate(args: argparse.Namespace) -> int:
         if args.breakdown:
             _print_breakdown(est)
     if args.png:
-        _png(lambda: est.timeline.plot(args.png), args.png, quiet=args.json or args.csv)
+        _png(lambda: est.timeline.plot(), args.png, quiet=args.json or args.csv)
     write_chrome_trace_option({str(est.plan): est.timeline}, args.chrome_trace, quiet=args.json or args.csv)
     return 0
 
@@ -336,7 +338,7 @@ def cli_sweep(args: argparse.Namespace) -> int:
     if args.png:
         from .crossover import crossover_png
 
-        _png(lambda: crossover_png({hw.name: rows}, args.png), args.png, quiet=args.json or args.csv)
+        _png(lambda: crossover_png({hw.name: rows}), args.png, quiet=args.json or args.csv)
     return 0
 
 
@@ -410,7 +412,7 @@ def parse_batches(text: str) -> list[int]:
             raise CommandLineError(usage) from None
         if not (math.isfinite(lo) and math.isfinite(hi) and 1 <= lo <= hi <= LIMITS["batch"]):
             raise CommandLineError(f"{usage}, with 1 <= lo <= hi <= 2**34")
-        if not (n == int(n) and 2 <= n <= limit):
+        if not (math.isfinite(n) and n == int(n) and 2 <= n <= limit):
             raise CommandLineError(f"{usage}, with a count from 2 to {limit:,}")
         steps = int(n) - 1
         values = [round(math.exp(math.log(lo) + i * (math.log(hi) - math.log(lo)) / steps)) for i in range(steps + 1)]
@@ -469,16 +471,16 @@ def _hardware(args: argparse.Namespace) -> Hardware:
 
 
 def _check_png(path: str | None) -> None:
-    """Refuse a ``--png`` that cannot be written before any work is done."""
+    """Refuse a ``--png`` that cannot be written, or drawn without matplotlib, before any work is done."""
     check_output_path("--png", path)
+    if path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise CommandLineError(f"--png {path!r} needs matplotlib to draw: pip install 'shardsim[plot]'")
 
 
 def _png(draw: Any, path: str, *, quiet: bool) -> None:
+    """Draw the figure (``draw()``) and save it as ``--png``'s ``path`` the safe way."""
     try:
-        draw()
+        figure = draw()
     except ImportError as e:
         raise CommandLineError(f"--png: {e}") from None
-    except (OSError, ValueError) as e:
-        raise CommandLineError(f"--png {path!r}: {getattr(e, 'strerror', None) or e}") from None
-    if not quiet:
-        print(f"wrote {path}")
+    write_png_option(figure, path, quiet=quiet)

@@ -67,6 +67,8 @@ class Critical:
         head = f"{self.scheme} on {self.mesh} ({self.hardware}{eff}): "
         if math.isinf(self.per_chip_batch):
             text = head + "communication-bound at every batch"
+        elif self.per_chip_batch < 1:  # the crossing is below one token (pp's sends grow with the batch as its matmuls)
+            text = head + "compute-bound at every batch (from 1 token per chip)"
         else:
             text = head + f"compute-bound above {self.per_chip_batch:.1f} tokens per chip"
         if self.closed_form is not None:

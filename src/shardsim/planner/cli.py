@@ -73,8 +73,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 def cli_plan(args: argparse.Namespace) -> int:
     """Run ``shardsim plan``: the ranked table, why the best wins, the rejected families."""
     options: dict[str, Any] = {k: _value(k, v) for k, v in args.fix.items()}
-    if args.allow:
-        options["allow"] = tuple(a.strip() for a in args.allow.split(",") if a.strip())
+    if args.allow is not None:
+        options["allow"] = _allowed(args.allow)
     table = plan(
         args.model, args.hardware, args.chips, args.batch_tokens, args.seq, efficiency=args.efficiency,
         window=args.window, headroom=args.headroom, policy=args.policy, **options,
@@ -84,6 +84,21 @@ def cli_plan(args: argparse.Namespace) -> int:
     else:
         print(table.text(args.top))
     return 0
+
+
+def _allowed(text: str) -> tuple[str, ...]:
+    """``--allow``'s parallelisms; an empty list is refused (it does not mean every one).
+
+    >>> _allowed("dp, tp")
+    ('dp', 'tp')
+    """
+    allowed = tuple(a.strip() for a in text.split(",") if a.strip())
+    if not allowed:
+        raise CommandLineError(
+            f"--allow {text!r} names no parallelism; list the ones the plans may use, e.g. --allow dp,tp "
+            f"(or leave --allow out for all of {','.join(PARALLELISMS)})"
+        )
+    return allowed
 
 
 def _value(key: str, text: str) -> Any:

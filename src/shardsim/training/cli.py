@@ -46,11 +46,12 @@ from .._cli_args import (
 from .._cli_output import add_output_options, progress, write_csv, write_json
 from .._format import fmt_bytes, table_text
 from ..array import ShapeDtype
-from ..dtypes import eps, tolerance
+from ..dtypes import FLOAT_NAMES, eps, tolerance
+from ..errors import ShardsimError
 from ..mesh import Mesh
 from ..strategies.base import ROLE_DEFAULTS
 from . import optim
-from .precision import Precision
+from .precision import Precision, precision_dtype
 from .trainer import StepResult, Trainer
 
 #: The schemes ``shardsim train`` runs when none is named: the ZeRO stages, then model parallel.
@@ -88,7 +89,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="fp32/fp64: one dtype throughout; bf16/fp16: 16-bit weights, activations and gradients "
         "with float32 master weights and moments (default fp32)",
     )
-    parser.add_argument("--reduce-dtype", help="dtype the gradients are reduced in (default: the compute dtype)")
+    parser.add_argument(
+        "--reduce-dtype",
+        type=reduce_dtype,
+        help=f"dtype the gradients are reduced in, one of {', '.join(FLOAT_NAMES)} (default: the compute dtype)",
+    )
     parser.add_argument("--activation", choices=["identity", "relu", "gelu"], default="gelu", help="(default gelu)")
     parser.add_argument("--residual", action="store_true", help="each block adds its input")
     parser.add_argument("--recompute", action="store_true", help="keep block inputs only; recompute in backward")
@@ -96,6 +101,20 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="print one PASS/FAIL line per scheme only")
     add_chrome_trace_option(parser, "each scheme's last training step")
     add_output_options(parser)
+
+
+def reduce_dtype(text: str) -> str:
+    """An argparse type: ``--reduce-dtype``, a floating-point dtype name (:func:`precision_dtype`).
+
+    >>> reduce_dtype("float32")
+    'float32'
+    """
+    try:
+        return precision_dtype(text, "reduce").name
+    except ShardsimError:  # said as the flag: argparse prefixes "argument --reduce-dtype:"
+        raise argparse.ArgumentTypeError(
+            f"expected a floating-point dtype, one of {', '.join(FLOAT_NAMES)}, got {text!r}"
+        ) from None
 
 
 def default_lr(optimizer: str, d_model: int, d_ff: int, layers: int) -> float:

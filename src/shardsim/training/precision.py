@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import resolve_dtype
-from ..errors import ShardingError
+from ..dtypes import FLOAT_NAMES, resolve_dtype
+from ..errors import DtypeError, ShardingError
 from .scaling import DynamicLossScale, check_scale
 
 _NAMES = {
@@ -62,12 +62,12 @@ class Precision:
     moments: np.dtype | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "compute", resolve_dtype(self.compute))
+        object.__setattr__(self, "compute", precision_dtype(self.compute, "compute"))
         if self.master is not None:
-            object.__setattr__(self, "master", resolve_dtype(self.master))
+            object.__setattr__(self, "master", precision_dtype(self.master, "master"))
         if self.moments is not None:
-            object.__setattr__(self, "moments", resolve_dtype(self.moments))
-        reduce = self.compute if self.reduce is None else resolve_dtype(self.reduce)
+            object.__setattr__(self, "moments", precision_dtype(self.moments, "moments"))
+        reduce = self.compute if self.reduce is None else precision_dtype(self.reduce, "reduce")
         object.__setattr__(self, "reduce", reduce)
         object.__setattr__(self, "loss_scale", _scale_policy(self.loss_scale))
 
@@ -164,6 +164,29 @@ class Precision:
         else:
             scale = f", loss scale {self.loss_scale:g}" if self.loss_scale != 1 else ""
         return f"compute {self.compute}{master}, reduce {self.reduce}{scale}"
+
+
+def precision_dtype(value: Any, field: str) -> np.dtype:
+    """``value`` as one of a precision's dtypes: a floating-point dtype shardsim computes in.
+
+    Training needs a real floating-point type in each role (an integer or bool gradient sum
+    wraps around or saturates, a complex one has no order for the loss), so anything else is
+    refused here, naming the field, before a step runs.
+
+    >>> precision_dtype("bf16", "compute").name
+    'bfloat16'
+    >>> precision_dtype("int8", "reduce")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    shardsim.errors.DtypeError: Precision reduce='int8' is not a floating-point dtype; ... (e.g. reduce='float32')
+    """
+    dtype = resolve_dtype(value)
+    if dtype.name not in FLOAT_NAMES:
+        raise DtypeError(
+            f"Precision {field}={dtype.name!r} is not a floating-point dtype; a precision's dtypes are one of "
+            f"{list(FLOAT_NAMES)} (e.g. {field}='float32')"
+        )
+    return dtype
 
 
 def _scale_policy(scale: Any) -> float | DynamicLossScale:
