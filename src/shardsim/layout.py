@@ -77,12 +77,10 @@ class Layout:
         if isinstance(text, Layout):
             return text
         if is_partition_spec(text):
-            from .specs import spec_layout  # a layer above: it reads PartitionSpecs
-
             if axis_names is None:
-                return spec_layout(text)
+                return Layout._spec_layout(text)
             names = _axis_names(repr(text), axis_names)
-            return spec_layout(text, names).validate(names)  # as a run-together subscript is checked
+            return Layout._spec_layout(text, names).validate(names)  # as a run-together subscript is checked
         if not isinstance(text, str):
             raise LayoutParseError(
                 f"a layout is a string such as '[B_X, D_Y]', got {type(text).__name__} {text!r}"
@@ -98,6 +96,8 @@ class Layout:
         @classmethod
         def from_partition_spec(cls, spec: Iterable[Any], mesh: Mesh, **kwargs: Any) -> Layout: ...
         def to_partition_spec(self) -> Any: ...
+        @staticmethod
+        def _spec_layout(spec: Iterable[Any], axis_names: Sequence[str] | None = None) -> Layout: ...
         @classmethod
         def from_placements(cls, placements: Sequence[Any], mesh: Mesh, ndim: int, **kwargs: Any) -> Layout: ...
         def to_placements(self, mesh: Mesh) -> tuple[Any, ...]: ...
@@ -248,9 +248,9 @@ class _Parser:
         """
         axes = self.axis_names or ()
         bare = [d.name for d in dims if not d.axes and d.name in axes]
-        entries = [d for d in dims if d.name == "None" or d.name in bare]
-        spec_like = bool(dims) and len(entries) == len(dims) and (len(dims) > 1 or not bracketed)
-        bad = [d.name for d in (entries if spec_like else dims) if d.name == "None" or (spec_like and d.name in bare)]
+        spec_like = bool(dims) and all(d.name == "None" or d.name in bare for d in dims)
+        spec_like = spec_like and (len(dims) > 1 or not bracketed)
+        bad = [d.name for d in dims if d.name == "None" or (spec_like and d.name in bare)]
         if not bad:
             return
         taken = set(axes) | {d.name for d in dims}
@@ -263,12 +263,12 @@ class _Parser:
                 book.append(Dim(next(free), (d.name,)))
             else:
                 book.append(d)
-        entries = ", ".join(_spec_entry(d.axes) for d in book)
+        spec = ", ".join(_spec_entry(d.axes) for d in book)
         raise LayoutParseError(
             f"layout {self.text!r} reads like a JAX PartitionSpec: it would make unsplit dimensions called "
             f"{bad}. A layout names every dimension and writes the mesh axes that split it after '_', "
             f"as in {str(Layout(tuple(book)))!r}; a dimension may not be called None, nor may every dimension "
-            f"be an unsplit mesh axis's name. Or convert the spec: Layout.from_partition_spec(P({entries}), mesh)"
+            f"be an unsplit mesh axis's name. Or convert the spec: Layout.from_partition_spec(P({spec}), mesh)"
         )
 
     def parse(self) -> Layout:

@@ -341,4 +341,5 @@ def _layout_from_placements(
 setattr(Layout, "from_partition_spec", classmethod(_layout_from_partition_spec))  # noqa: B010 - see above
 setattr(Layout, "to_partition_spec", to_partition_spec)  # noqa: B010
 setattr(Layout, "from_placements", classmethod(_layout_from_placements))  # noqa: B010
+setattr(Layout, "_spec_layout", staticmethod(spec_layout))  # noqa: B010 - Layout.parse reads a spec with it
 setattr(Layout, "to_placements", to_placements)  # noqa: B010
