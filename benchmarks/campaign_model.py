@@ -48,16 +48,23 @@ def counts_for(total: int) -> dict[str, int]:
     return {name: max(1, round(total * SHARES[name])) for name in CALLS}
 
 
-def pattern(name: str, recipe: dict, detail: str) -> str:
-    """What a failure is, without the sizes that vary: the call, what was made hostile, the message."""
-    what = ""
+def pattern(name: str, recipe: dict, outcome: str, detail: str) -> tuple[str, str]:
+    """A failure's class, without the values that vary (the call, what was made hostile, the
+    message with its quoted values and numbers blanked), and the hostile value's kind."""
+    slot, kind = "", ""
     if recipe.get("mutate"):
         slot, how = recipe["mutate"]
-        what = f" {slot}={type(how).__name__}" if not isinstance(how, str | tuple) else f" {slot}={how!r}"[:60]
+        if isinstance(how, tuple) and len(how) == 2 and isinstance(how[0], str) and slot.endswith("field"):
+            slot, how = f"{slot} {how[0]}", how[1]
+        kind = repr(how)[:24] if isinstance(how, str) else type(how).__name__
     elif name == "cli":
-        what = " " + " ".join(a for a in recipe["argv"] if a.startswith("--"))
-    message = re.sub(r"[0-9]+(\.[0-9]+)?(e-?[0-9]+)?", "N", detail)[:160]
-    return f"{name}{what}: {message}"
+        slot = " ".join(
+            a for a in recipe["argv"][:1] + recipe["argv"][1:] if a.startswith("--") or a == recipe["argv"][0]
+        )
+    message = re.sub(r"accepted (\w+)=.*?, which", r"accepted \1=..., which", detail)
+    message = re.sub(r"'[^']*' object", "'…' object", message)
+    message = re.sub(r"[0-9]+(\.[0-9]+)?(e-?[0-9]+)?", "N", message)[:150]
+    return f"{outcome}: {name}" + (f" [{slot}]" if slot else "") + f": {message}", kind
 
 
 def main() -> None:
@@ -71,6 +78,7 @@ def main() -> None:
     counts: dict[str, Counter[str]] = {name: Counter() for name in CALLS}
     bad: list[tuple[str, str, str, dict]] = []
     classes: Counter[str] = Counter()
+    kinds: dict[str, set[str]] = {}
     rng = random.Random(opts.seed)
     plan = counts_for(opts.random)
     order = [name for name, n in plan.items() for _ in range(n)]
@@ -81,7 +89,9 @@ def main() -> None:
         outcome, detail = run_case(name, recipe)
         counts[name][outcome] += 1
         if outcome in ("wrong", "undocumented", "hang"):
-            classes[f"{outcome}: {pattern(name, recipe, detail)}"] += 1
+            key, kind = pattern(name, recipe, outcome, detail)
+            classes[key] += 1
+            kinds.setdefault(key, set()).add(kind)
             if len(bad) < opts.show:
                 bad.append((name, outcome, detail, recipe))
     seconds = time.perf_counter() - start
@@ -98,9 +108,10 @@ def main() -> None:
     print(f"\nFirst {len(bad)} bad inputs:")
     for name, outcome, detail, recipe in bad:
         print(f"{outcome}: {name}: {detail}\n    {describe(recipe)[:400]}")
-    print(f"\n{len(classes)} distinct failures (count, outcome, call, what was hostile, message):")
+    print(f"\n{len(classes)} distinct failures (count, outcome, call [what was hostile], message; the hostile kinds):")
     for text, k in sorted(classes.items(), key=lambda kv: (-kv[1], kv[0])):
-        print(f"{k:6,}  {text}")
+        shown = sorted(x for x in kinds[text] if x)
+        print(f"{k:6,}  {text}" + (f"  ({', '.join(shown[:6])}{', ...' if len(shown) > 6 else ''})" if shown else ""))
 
 
 if __name__ == "__main__":
