@@ -40,7 +40,7 @@ from _timing import cpu
 
 from model_hostile_inputs import CALLS, OUTCOMES, SHARES, describe, draw, run_case
 
-HOST_BYTES = 3 * 2**30  # an allocation past this is a MemoryError (undocumented), not the host's swap
+HOST_BYTES = 2 * 2**30  # an allocation past this is a MemoryError (undocumented), not the host's swap
 
 
 def counts_for(total: int) -> dict[str, int]:

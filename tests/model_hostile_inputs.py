@@ -588,14 +588,12 @@ def tolerance(*dtypes: Any) -> float:
 
 
 def close(got: Any, want: Any, rtol: float) -> bool:
-    """Same shape, NaN and infinities where ``want`` has them, within ``rtol`` of its scale elsewhere."""
+    """Same shape, non-finite exactly where ``want`` is (NaN or an infinity: which one an
+    overflow gives depends on the order of a sum), within ``rtol`` of its scale elsewhere."""
     g, w = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
-    if g.shape != w.shape or not np.array_equal(np.isnan(g), np.isnan(w)):
+    if g.shape != w.shape or not np.array_equal(np.isfinite(g), np.isfinite(w)):
         return False
-    inf = np.isinf(w)
-    if not np.array_equal(g[inf], w[inf]) or np.isinf(g[~inf]).any():
-        return False
-    ok = ~np.isnan(w) & ~inf
+    ok = np.isfinite(w)
     scale = max(1.0, float(np.abs(w[ok]).max())) if ok.any() else 1.0
     return bool(np.allclose(g[ok], w[ok], rtol=rtol, atol=rtol * scale))
 
@@ -708,8 +706,8 @@ def run_trainer(r: Recipe) -> tuple[Any, Check]:
         if t.step_count != 1:
             return f"step_count {t.step_count} after one step"
         verdict = agrees_with_reference(res.loss, None, loss, grads, rtol)
-        if verdict is not True or t.precision.mixed:
-            return verdict  # 16-bit gradients: the loss is the check
+        if verdict is not True or t.precision.mixed or len({np.asarray(v).dtype for v in a["params"].values()}) > 1:
+            return verdict  # 16-bit or mixed-dtype gradients (the reference rounds each to its weight's): the loss
         new = t.params_global()
         bad = [k for k in grads if not close(new[k], first_update(t.optimizer, np.asarray(a["params"][k], np.float64),
                                                                    grads[k]), max(rtol, 1e-6))]  # fmt: skip
