@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -145,3 +146,11 @@ def test_plan_must_fit_its_mesh() -> None:
     with pytest.raises(PlanError, match="sets dp=1 on it"):
         Plan(tp=2).check(Mesh(data=2, model=2))
     assert issubclass(PlanError, ShardingError)
+
+
+@pytest.mark.parametrize("zero", [1.0, -0.0, np.int64(1)], ids=repr)
+def test_the_zero_stage_is_a_python_int_as_every_degree_is(zero: object) -> None:
+    with pytest.raises(PlanError, match=r"Plan\.zero is the ZeRO stage 0, 1, 2 or 3"):
+        Plan(dp=2, zero=zero)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match=r"Plan\.dp must be a whole number"):
+        Plan(dp=np.int64(2))  # type: ignore[arg-type]

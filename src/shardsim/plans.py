@@ -83,7 +83,7 @@ class Plan:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise PlanError(f"Plan.{f} must be a whole number >= 1, got {v!r}")
-        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+        if isinstance(self.zero, bool) or not isinstance(self.zero, int) or self.zero not in (0, 1, 2, 3):
             raise PlanError(f"Plan.zero is the ZeRO stage 0, 1, 2 or 3 (3 = FSDP), got {self.zero!r}")
         for f, words in (("schedule", SCHEDULES), ("cp_method", CP_METHODS), ("attention", ATTENTION)):
             _word(f, getattr(self, f), words)
