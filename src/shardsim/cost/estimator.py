@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dtypes import resolve_dtype
-from ..errors import DivisibilityError, ShardsimError
+from ..errors import ArgumentTypeError, DivisibilityError, ShardsimError
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..plans import Plan
@@ -263,7 +263,7 @@ def estimate(
     pad: bool = False,
     optimizer: str = "adam",
     precision: str | None = None,
-    batch_tokens: int | None = None,
+    batch_tokens: int | str | None = None,
     seq: int | None = None,
     chips: int | None = None,
 ) -> Estimate:
@@ -309,7 +309,11 @@ def estimate(
             links=links, topology=topology, efficiency=efficiency, optimizer=optimizer, precision=precision,
             overlap=overlap, prefetch=prefetch, dtype=dtype,
         )  # fmt: skip
-    assert isinstance(scheme, str)  # a model went above
+    if not isinstance(scheme, str):
+        raise ArgumentTypeError(
+            f"estimate: the first argument is a scheme name ('fsdp', ...), a model preset name ('llama3-8b') or a "
+            f"TransformerConfig, got {type(scheme).__name__} {scheme!r:.60}"
+        )
     if isinstance(mesh, (Plan, str)) or batch_tokens is not None:
         from .. import strategies
         from ..models import get as get_model
@@ -408,6 +412,10 @@ def _memory_source(optimizer: str, precision: str | None, dtype: str) -> str:
     from ..training import optim
     from ..training.precision import Precision
 
+    if not isinstance(optimizer, str):
+        raise ArgumentTypeError(f"optimizer={optimizer!r:.60}: name one, e.g. optimizer='adam'")
+    if precision is not None and not isinstance(precision, (str, Precision)):
+        raise ArgumentTypeError(f"precision={precision!r:.60}: name one, e.g. precision='bf16', or pass a Precision")
     optim.get(optimizer)
     policy = Precision.of(precision if precision is not None else resolve_dtype(dtype).name)
     return f"one training step, {optimizer} ({policy})"

@@ -28,18 +28,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..dtypes import resolve_dtype
-from ..errors import PlanError
+from ..errors import ArgumentTypeError, CostModelError, PlanError
 from ..models import TransformerConfig
 from ..models import get as get_model
 from ..plans import DEGREE, ROLES, Plan
 from .efficiency import Efficiency, resolve_efficiency
 from .estimator import Estimate, _gb, _memory_source, _ms
 from .hardware import Hardware, Switched
-from .model_steps import ModelProgram, check_batch, model_memory_ledger, model_program
+from .model_steps import ModelProgram, check_batch, check_sizes, check_work, model_memory_ledger, model_program
 from .placement import AxisLink, Placement, hungry_first, place
 from .presets import get_hardware
 from .program import chips_running
 from .timeline import build_timeline
+from .units import tokens_argument
 
 
 @dataclass
@@ -184,6 +185,19 @@ def resolve_plan(plan: Plan | str) -> Plan:
     raise PlanError(f"plan must be a Plan or its string such as 'dp=8,tp=8', got {type(plan).__name__}")
 
 
+def _check_options(*, chips: object, overlap: object, memory: object, prefetch: object) -> None:
+    """The estimate's switches and counts of the right kind, before any work."""
+    if chips is not None and (isinstance(chips, bool) or not isinstance(chips, int) or chips < 1):
+        raise CostModelError(f"chips={chips!r}: the chip count is a whole number >= 1 (the plan's product), or None")
+    for name, flag in (("overlap", overlap), ("memory", memory)):
+        if not isinstance(flag, bool):
+            raise ArgumentTypeError(f"{name}={flag!r}: a switch, True or False")
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+        raise CostModelError(
+            f"prefetch={prefetch!r}: the compute ops a collective may run ahead is a whole number >= 1, e.g. 1"
+        )
+
+
 def model_links(hw: Hardware, plan: Plan) -> tuple[list[str] | None, list[str]]:
     """The GPU axis order innermost first (None on a torus) and the warnings it raises."""
     first = next(iter(hw.networks.values()))
@@ -206,7 +220,7 @@ def estimate_model(
     plan: Plan | str,
     hardware: Hardware | str,
     *,
-    batch_tokens: int,
+    batch_tokens: int | str,
     seq: int | None = None,
     chips: int | None = None,
     links: Mapping[str, str | AxisLink] | None = None,
@@ -222,7 +236,8 @@ def estimate_model(
 ) -> ModelEstimate:
     """Estimate one training step of ``model`` under ``plan`` on ``hardware`` (module doc).
 
-    ``batch_tokens`` is the global batch in tokens, in sequences of ``seq`` (default the
+    ``batch_tokens`` is the global batch in tokens (a whole number or a string such as ``"16M"``,
+    16 x 2**20, read as ``shardsim plan --batch-tokens`` reads it), in sequences of ``seq`` (default the
     model's context); ``chips``, when given, must equal the plan's product of degrees;
     ``links``/``topology``/``efficiency`` as :func:`~shardsim.cost.estimate` takes them;
     ``optimizer`` and ``precision`` (default: the plan's, else ``dtype``'s), or a byte
@@ -238,6 +253,9 @@ def estimate_model(
     """
     cfg, p = resolve_model(model), resolve_plan(plan)
     hw = get_hardware(hardware)
+    batch_tokens = tokens_argument(batch_tokens, "batch_tokens")
+    _check_options(chips=chips, overlap=overlap, memory=memory, prefetch=prefetch)
+    resolve_dtype(dtype)
     if chips is not None and chips != p.chips:
         degrees = " x ".join(f"{DEGREE[r]}={p.degree(r)}" for r in ROLES if p.degree(r) > 1) or "dp=1"
         raise PlanError(
@@ -253,8 +271,12 @@ def estimate_model(
         chosen = policies.get(policy)
         source = f"one training step, byte policy {chosen.name} ({chosen.optimizer}, {chosen.precision})"
     b, s = check_batch(cfg, p, batch_tokens, seq)
-    program = model_program(cfg, p, batch_tokens, s, dtype)
+    check_sizes(cfg, b, s)
+    check_work(cfg, p)
     inner, warnings = (None, []) if links else model_links(hw, p)
+    # the layout and the efficiency mode fail here, before the trace, if the hardware cannot take them
+    resolve_efficiency(hw, efficiency, place(hw, p.mesh(), links, topology=topology, inner=inner).networks())
+    program = model_program(cfg, p, batch_tokens, s, dtype)
     if p.pp > 1 and p.microbatches < p.pp:
         least = (p.pp - 1) / (p.microbatches + p.pp - 1)
         warnings.append(

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..array import ShapeDtype
 from ..dtypes import resolve_dtype
-from ..errors import DivisibilityError
+from ..errors import ArgumentTypeError, CostModelError, DivisibilityError
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..plans import Plan
@@ -73,7 +73,9 @@ def check_batch(cfg: TransformerConfig, plan: Plan, batch_tokens: int, seq: int 
     shardsim.errors.DivisibilityError: batch of 8192 tokens is 1 sequence of 8192, fewer than dp=4 ...
     """
     s = cfg.seq if seq is None else seq
-    if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+    if isinstance(s, bool) or not isinstance(s, int):
+        raise ArgumentTypeError(f"seq={s!r} ({type(s).__name__}): the sequence is a whole number of tokens, e.g. 8192")
+    if s < 1:
         raise DivisibilityError(f"seq must be a positive whole number of tokens, got {s!r}")
     if s > cfg.seq:
         raise DivisibilityError(f"seq={s} is longer than the model's context {cfg.seq}; use seq <= {cfg.seq}")
@@ -98,6 +100,78 @@ def check_batch(cfg: TransformerConfig, plan: Plan, batch_tokens: int, seq: int 
             f"use a multiple of {s * pieces} tokens (seq x {what})"
         )
     return b, s
+
+
+#: The most elements one tensor of a model's step may hold: at 8 bytes an element its bytes stay
+#: below 2**62, the byte counts NumPy and the ledger can index (``shardsim.array.MAX_BYTES``).
+MAX_ELEMENTS = 2**59
+#: The most layer-microbatches (layers, times the microbatches of a pipeline) a whole-model
+#: program holds: its time line schedules every op of each, about a millisecond apiece; twice
+#: PTD-P's 1T run (128 layers, 512 microbatches).
+MAX_LAYER_ITEMS = 2**17
+
+
+def check_sizes(cfg: TransformerConfig, sequences: int, seq: int) -> None:
+    """Refuse, before any tracing, a model and batch whose tensors would pass :data:`MAX_ELEMENTS`:
+    a :class:`~shardsim.errors.CostModelError` naming the tensor, the fields that size it and
+    the fix (the largest batch that fits, or smaller fields).
+
+    >>> from shardsim.models import get
+    >>> check_sizes(get("llama3-8b"), 2**27, 8192)  # 2**40 tokens: every tensor indexable
+    >>> check_sizes(get("llama-tiny").scaled(vocab=2**50), 1024, 16)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    shardsim.errors.CostModelError: batch_tokens=16384 (1,024 sequences of 16): the logits [B, S, vocab] ... <= 496
+    """
+    hd = cfg.hd
+    weights = {
+        "the embedding [vocab, d_model] (vocab x d_model)": cfg.vocab * cfg.d_model,
+        "the attention projections [d_model, heads x head_dim] (d_model x heads x head_dim)": cfg.d_model
+        * cfg.heads
+        * hd,
+        "the MLP weights [d_model, d_ff] (d_model x d_ff, x experts)": cfg.d_model * cfg.d_ff * max(1, cfg.experts),
+    }
+    for what, n in weights.items():
+        if n >= MAX_ELEMENTS:
+            raise CostModelError(
+                f"{cfg.name or 'the model'}: {what} would hold {n:,} elements, past the 2**59 a tensor may hold "
+                "(its bytes must stay below 2**62); use smaller fields"
+            )
+    routed = cfg.top_k if cfg.experts else 1
+    per_token = {
+        "the logits [B, S, vocab]": cfg.vocab,
+        "the MLP activations [B, S, d_ff]": cfg.d_ff * routed * (2 if cfg.experts else 1),
+        "the attention projections [B, S, heads x head_dim]": cfg.heads * hd,
+        "the attention scores [B, heads, S, S]": cfg.heads * seq,
+    }
+    what, widest = max(per_token.items(), key=lambda kv: kv[1])
+    tokens = sequences * seq
+    if tokens * widest >= MAX_ELEMENTS:
+        fits = (MAX_ELEMENTS - 1) // widest // seq * seq
+        fix = f"use batch_tokens <= {fits:,}" if fits else "use a shorter seq or smaller fields"
+        raise CostModelError(
+            f"batch_tokens={tokens} ({sequences:,} sequences of {seq}): {what} would hold {tokens * widest:,} "
+            f"elements, past the 2**59 a tensor may hold (its bytes must stay below 2**62); {fix}"
+        )
+
+
+def check_work(cfg: TransformerConfig, plan: Plan) -> None:
+    """Refuse a whole-model program past :data:`MAX_LAYER_ITEMS` layer-microbatches, before tracing.
+
+    >>> from shardsim.models import get
+    >>> check_work(get("llama-tiny").scaled(layers=2**20), Plan())  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    shardsim.errors.CostModelError: layers=1048576: the whole-model program times every op of ...
+    """
+    m = plan.microbatches if plan.pp > 1 else 1
+    if cfg.layers * m > MAX_LAYER_ITEMS:
+        what = f"layers={cfg.layers}" + (f" x microbatches={m}" if m > 1 else "")
+        raise CostModelError(
+            f"{what}: the whole-model program times every op of {cfg.layers * m:,} layer-microbatches, more than "
+            f"the {MAX_LAYER_ITEMS:,} it holds; estimate fewer layers or microbatches, or search with "
+            "shardsim.planner.plan, which times one traced layer"
+        )
 
 
 def trace_model(cfg: TransformerConfig, plan: Plan, batch: int, seq: int, dtype: str = "bfloat16") -> Program:

@@ -221,10 +221,19 @@ def place(
     Y=8: nvlink 8
     Z=2: scaleout 2
     """
+    if links is not None and not isinstance(links, Mapping):
+        raise CostModelError(
+            f"links={links!r:.60} ({type(links).__name__}): map mesh axes to networks, e.g. links={{'X': 'dcn'}}"
+        )
     parts = _default_parts(hardware, mesh, inner)
     specs: dict[str, AxisLink] = {}
     for axis, link in (links or {}).items():
         mesh.check_axis(axis)
+        if not isinstance(link, (str, AxisLink)):
+            raise CostModelError(
+                f"links[{axis!r}]={link!r:.60}: an axis's link is a network name or an AxisLink, "
+                f"e.g. links={{{axis!r}: 'dcn'}}"
+            )
         spec = AxisLink(link) if isinstance(link, str) else link
         specs[axis] = spec
         parts[axis] = (_explicit_part(hardware, axis, mesh.axis_size(axis), spec),)

@@ -21,7 +21,7 @@ NCCL and ICI measurements, nccl-tests results.
 
 from __future__ import annotations
 
-from ..errors import ShardsimError
+from ..errors import CostModelError
 from .efficiency import AttentionEfficiency, Calibration, CollectiveEfficiency, MatmulEfficiency
 from .hardware import Hardware, Switched, Torus
 
@@ -299,11 +299,16 @@ def get_hardware(name: str | Hardware) -> Hardware:
     """A preset by name (``"tpu-v5p"``, ``"v5p"``, ``"h100"`` ...); a Hardware passes through."""
     if isinstance(name, Hardware):
         return name
-    key = str(name).lower().replace("_", "-")
+    if not isinstance(name, str):
+        raise CostModelError(
+            f"hardware={name!r:.60} ({type(name).__name__}) is neither a preset name nor a shardsim.cost.Hardware; "
+            f"use one of {hardware_names()}"
+        )
+    key = name.lower().replace("_", "-")
     key = _ALIASES.get(key, key)
     try:
         return _PRESETS[key]
     except KeyError:
-        raise ShardsimError(
+        raise CostModelError(
             f"unknown hardware {name!r}; presets are {hardware_names()} (or build a shardsim.cost.Hardware)"
         ) from None

@@ -27,30 +27,11 @@ from typing import Any
 
 from .._cli_args import count
 from .._options import key_values
+from ..cost.units import token_count  # the library reads batch_tokens="16M" with it too
 from ..errors import CommandLineError
 from ..models.presets import names as model_names
 from .search import plan
 from .space import FIXABLE, PARALLELISMS
-
-SUFFIX = {"K": 2**10, "M": 2**20, "G": 2**30}
-
-
-def token_count(text: str) -> int:
-    """An argparse type: tokens, a whole number or one with a binary suffix (``16M`` = 16 x 2**20).
-
-    >>> token_count("16M"), token_count("4096")
-    (16777216, 4096)
-    """
-    t = text.strip().upper()
-    scale = SUFFIX.get(t[-1:], 1)
-    digits = t[:-1] if scale > 1 else t
-    try:
-        n = int(digits) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected tokens such as 4096 or 16M, got {text!r}") from None
-    if not 1 <= n <= 2**40:
-        raise argparse.ArgumentTypeError(f"expected tokens from 1 to 2**40, got {n}")
-    return n
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:

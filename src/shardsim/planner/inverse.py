@@ -17,6 +17,8 @@ the days a token budget takes.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,14 +26,22 @@ from ..cost.efficiency import Efficiency
 from ..cost.hardware import Hardware
 from ..cost.presets import get_hardware
 from ..errors import PlannerError
+from ..mesh import MAX_CHIPS
 from ..models import TransformerConfig
 from ..plans import Plan
 from ..training.policies import BytePolicy
 from .evaluate import PlanEstimate, evaluate, model_state
 from .program import LayerCache
+from .search import check_arguments
 from .search import plan as search
 from .space import Candidate
 from .table import PlanTable
+
+#: The most layers :func:`largest_model` tries (its bisection halves this range), the most
+#: widths, and the most chip counts :func:`fewest_chips` searches.
+MAX_LAYERS = 2**16
+MAX_WIDTHS = 64
+MAX_COUNTS = 64
 
 
 def largest_model(
@@ -58,11 +68,26 @@ def largest_model(
     as the ZeRO paper's Table 2 counts), both from the ledger of the training step under the
     byte ``policy`` (:mod:`shardsim.training.policies`). Returns the model and its estimate.
     """
-    hw = get_hardware(hardware)
+    family, hw, batch_tokens, seq, _, _ = check_arguments(family, hardware, batch_tokens, seq, constraints={})
+    plan = _plan(plan)
     if scale not in ("layers", "width"):
         raise PlannerError(f"largest_model scale={scale!r}: choose 'layers' or 'width'")
     if count not in ("step", "model_state"):
         raise PlannerError(f"largest_model count={count!r}: choose 'step' or 'model_state'")
+    _whole("micro", micro, batch_tokens // seq // plan.dp or 1)
+    _whole("max_layers", max_layers, MAX_LAYERS)
+    if widths is not None:
+        if isinstance(widths, (str, bytes)) or not isinstance(widths, Sequence) or len(widths) > MAX_WIDTHS:
+            raise PlannerError(
+                f"widths={widths!r:.60}: give up to {MAX_WIDTHS} d_model values, e.g. widths=[4096, 8192]"
+            )
+        for w in widths:
+            _whole("widths", w, 2**24)
+    if batch_tokens // seq < plan.dp * micro:
+        raise PlannerError(
+            f"batch_tokens={batch_tokens} is {batch_tokens // seq} sequences of {seq}, fewer than dp={plan.dp} x "
+            f"micro={micro}; use at least {plan.dp * micro * seq} tokens"
+        )
     per_rank = batch_tokens // seq // plan.dp
     cand = Candidate(plan.replace(microbatches=max(1, per_rank // micro)), micro, batch_tokens // seq)
 
@@ -132,7 +157,20 @@ def fewest_chips(
     doubling, up to 65,536). ``options`` go to :func:`~shardsim.planner.plan`."""
     if (step_s is None) == (tokens_per_s is None):
         raise PlannerError("fewest_chips needs exactly one target: step_s=... or tokens_per_s=...")
+    for name, goal in (("step_s", step_s), ("tokens_per_s", tokens_per_s)):
+        if goal is not None and not _positive(goal):
+            raise PlannerError(f"fewest_chips {name}={goal!r}: the target is a finite number above 0")
     hw = get_hardware(hardware)
+    # the arguments every count shares, checked once: a PlannerError inside the loop means that count missed
+    checked = dict(options)
+    check_arguments(model, hw, batch_tokens, seq, window=checked.pop("window", 0.15),
+                    progress=checked.pop("progress", None), policy=checked.pop("policy", None),
+                    cache=checked.pop("cache", None), constraints=_constraint_options(checked))  # fmt: skip
+    if chips is not None:
+        if isinstance(chips, (str, bytes)) or not isinstance(chips, Sequence) or not 1 <= len(chips) <= MAX_COUNTS:
+            raise PlannerError(f"chips={chips!r:.60}: give 1 to {MAX_COUNTS} chip counts, ascending, e.g. [8, 16, 32]")
+        for n in chips:
+            _whole("chips", n, MAX_CHIPS)
     counts = list(chips) if chips is not None else _doublings(hw)
     misses: list[str] = []
     for n in counts:
@@ -147,6 +185,31 @@ def fewest_chips(
         misses.append(f"{n}: best {b.step_s:.4g} s per step, {b.tokens_per_s:,.0f} tokens/s")
     target = f"step_s <= {step_s}" if step_s is not None else f"tokens_per_s >= {tokens_per_s}"
     raise PlannerError(f"no chip count in {counts} reaches {target}: " + "; ".join(misses[-3:]))
+
+
+def _plan(plan: Any) -> Plan:
+    """A plan or its string, or a :class:`PlannerError` naming it."""
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, str):
+        return Plan.parse(plan)
+    raise PlannerError(f"plan={plan!r:.60} ({type(plan).__name__}): pass a Plan or its string, e.g. 'dp=8,tp=8'")
+
+
+def _whole(name: str, value: Any, most: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise PlannerError(f"{name}={value!r}: a whole number from 1 to {most:,}")
+
+
+def _positive(x: Any) -> bool:
+    """A finite real number above 0 (not a bool)."""
+    return not isinstance(x, bool) and isinstance(x, numbers.Real) and 0 < float(x) < math.inf
+
+
+def _constraint_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The options of :func:`~shardsim.planner.plan` that are constraints (efficiency, links and
+    topology are checked where the chips are placed)."""
+    return {k: v for k, v in options.items() if k not in ("efficiency", "links", "topology")}
 
 
 def _doublings(hw: Hardware) -> list[int]:
@@ -168,9 +231,14 @@ def days_to_train(estimate: PlanEstimate | PlanTable, tokens: float) -> float:
     >>> days_to_train(t, t.best.tokens_per_s * 86400)
     1.0
     """
+    if not isinstance(estimate, (PlanEstimate, PlanTable)):
+        raise PlannerError(
+            f"days_to_train estimate={estimate!r:.60} ({type(estimate).__name__}): pass a PlanTable or a PlanEstimate "
+            "(a row of one)"
+        )
     est = estimate.best if isinstance(estimate, PlanTable) else estimate
-    if not tokens > 0:
-        raise PlannerError(f"days_to_train needs a positive token budget, got {tokens!r}")
+    if not _positive(tokens):
+        raise PlannerError(f"days_to_train needs a positive, finite token budget, got {tokens!r}")
     return float(tokens / est.tokens_per_s / 86400)
 
 

@@ -19,16 +19,20 @@ Bounds only prune; every figure in the table comes from a traced program.
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..cost.efficiency import Efficiency
+from ..cost.efficiency import Efficiency, resolve_efficiency
 from ..cost.hardware import Hardware, Switched, Torus
+from ..cost.model_steps import check_sizes
 from ..cost.placement import AxisLink, place
 from ..cost.presets import get_hardware
+from ..cost.units import MAX_TOKENS, tokens_argument
 from ..errors import CostModelError, PlanError, PlannerError, ShardsimError
-from ..mesh import Mesh
+from ..mesh import MAX_CHIPS, Mesh
 from ..models import TransformerConfig
 from ..models.presets import get as get_model
 from ..training import policies
@@ -73,12 +77,11 @@ def plan(
     at several chip counts, share their traces); by default a fresh one.
     """
     t0 = time.perf_counter()
-    cfg = get_model(model) if isinstance(model, str) else model
-    hw = get_hardware(hardware)
-    seq = cfg.seq if seq is None else seq
-    chosen = _policy(policy, constraints)
-    cons = Constraints.of(**constraints)
-    _check_inputs(cfg, hw, chips, batch_tokens, seq, cons, links, topology)
+    cfg, hw, batch_tokens, seq, chosen, cons = check_arguments(
+        model, hardware, batch_tokens, seq, window=window, progress=progress, policy=policy, cache=cache,
+        constraints=constraints,
+    )  # fmt: skip
+    _check_inputs(cfg, hw, chips, batch_tokens, seq, cons, links, topology, efficiency)
     if cache is None:
         cache = LayerCache(cfg, hw, seq=seq, efficiency=efficiency, links=links, topology=topology, policy=chosen)
     else:
@@ -153,6 +156,51 @@ def plan(
     return table
 
 
+def check_arguments(
+    model: Any,
+    hardware: Any,
+    batch_tokens: Any,
+    seq: Any,
+    *,
+    window: Any = 0.15,
+    progress: Any = None,
+    policy: Any = None,
+    cache: Any = None,
+    constraints: dict[str, Any],
+) -> tuple[TransformerConfig, Hardware, int, int, BytePolicy | None, Constraints]:
+    """The arguments of a search that do not depend on the chip count, each checked before any
+    work (a :class:`PlannerError` naming it): the model, its hardware, the batch in tokens (a
+    whole number or ``"16M"``), the sequence, the window, the counter, the byte policy (which
+    may fix ``zero`` in ``constraints``), the cache and the constraints' own values."""
+    if isinstance(model, str):
+        cfg = get_model(model)
+    elif isinstance(model, TransformerConfig):
+        cfg = model
+    else:
+        raise PlannerError(
+            f"model={model!r:.60} ({type(model).__name__}): pass a TransformerConfig or a preset name such as "
+            "'llama3-8b'"
+        )
+    hw = get_hardware(hardware)
+    tokens = tokens_argument(batch_tokens, "batch_tokens", PlannerError)
+    s = cfg.seq if seq is None else seq
+    if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= MAX_TOKENS:
+        raise PlannerError(f"seq={seq!r}: the sequence is a whole number of tokens from 1 to 2**40, or None for the "
+                           f"model's ({cfg.seq})")  # fmt: skip
+    check_sizes(cfg, 1, s)  # one sequence's tensors must be indexable: else every trace would be refused
+    if isinstance(window, bool) or not isinstance(window, numbers.Real) or not 0 <= float(window) < math.inf:
+        raise PlannerError(f"window={window!r}: the fraction of the best plan's time the table keeps, a number >= 0 "
+                           "(e.g. 0.15)")  # fmt: skip
+    if progress is not None and not isinstance(progress, bool):
+        raise PlannerError(f"progress={progress!r}: the counter is on (True), off (False) or automatic (None)")
+    if cache is not None and not isinstance(cache, LayerCache):
+        raise PlannerError(f"cache={cache!r:.60}: pass a shardsim.planner.program.LayerCache, or None for a fresh one")
+    chosen = _policy(policy, constraints)
+    cons = Constraints.of(**constraints)
+    cons.check_values()
+    return cfg, hw, tokens, s, chosen, cons
+
+
 def _policy(policy: str | BytePolicy | None, constraints: dict[str, Any]) -> BytePolicy | None:
     """The byte policy, checked; one that names a ZeRO stage fixes ``zero`` in ``constraints``."""
     if policy is None:
@@ -209,12 +257,17 @@ def _check_inputs(
     cons: Constraints,
     links: Mapping[str, str | AxisLink] | None,
     topology: str | Sequence[int] | None,
+    efficiency: str | Efficiency,
 ) -> None:
-    for name, v in (("chips", chips), ("batch_tokens", batch_tokens), ("seq", seq)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise PlannerError(f"{name} must be a whole number >= 1, got {v!r}")
+    if isinstance(chips, bool) or not isinstance(chips, int) or not 1 <= chips <= MAX_CHIPS:
+        raise PlannerError(f"chips={chips!r}: the cluster is a whole number of chips from 1 to {MAX_CHIPS:,} (2**24)")
     if seq > cfg.seq and cfg.position == "learned":
         raise PlannerError(f"seq={seq} is longer than the learned positions of {cfg.name or 'the model'} ({cfg.seq})")
+    if cons.batch_range is not None and cons.batch_range[1] // seq < -(-cons.batch_range[0] // seq):
+        raise PlannerError(
+            f"batch_range={cons.batch_range} holds no whole number of {seq}-token sequences; "
+            f"widen it to span a multiple of {seq}"
+        )
     if batch_tokens % seq and cons.batch_range is None:
         raise PlannerError(
             f"batch_tokens={batch_tokens} is not a whole number of {seq}-token sequences; use a multiple of {seq} "
@@ -227,10 +280,11 @@ def _check_inputs(
             f"(e.g. {chips // net.domain * net.domain or net.domain} or {-(-chips // net.domain) * net.domain})"
         )
     try:
-        place(hw, Mesh(data=chips), links, topology=topology)
+        pl = place(hw, Mesh(data=chips), links, topology=topology)
     except CostModelError as err:
         what = f"a {net.pod} pod" if isinstance(net, Torus) and net.pod else hw.name
         raise PlannerError(f"{chips} chips of {hw.name} cannot be laid out on {what}: {err}") from None
+    resolve_efficiency(hw, efficiency, pl.networks())  # an unknown mode: the cost model's own error, now
     cons.check(cfg, chips)
 
 

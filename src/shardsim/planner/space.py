@@ -32,14 +32,17 @@ across nodes, which of the two is outermost.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+import numbers
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cost.units import tokens_argument
 from ..errors import PlannerError
 from ..models import TransformerConfig
-from ..plans import ATTENTION, CP_METHODS, RECOMPUTE, Plan
+from ..plans import ATTENTION, CP_METHODS, RECOMPUTE, SCHEDULES, Plan
 
 PARALLELISMS = ("dp", "zero", "tp", "sp", "pp", "cp", "ep")
 FIXABLE = (
@@ -47,6 +50,9 @@ FIXABLE = (
     "microbatches", "recompute",
 )  # fmt: skip
 DEGREES = ("dp", "tp", "pp", "cp", "ep")
+#: The most microbatches a pipeline candidate runs: its schedule's clock walks every item
+#: (stages x microbatches x chunks), a second or two at this many; PTD-P's 1T run had 512.
+MAX_MICROBATCHES = 1024
 DEFAULT_ORDER = ("data", "pipe", "context", "expert", "model")  # Plan.mesh()'s order: TP innermost
 DATA_INSIDE = ("pipe", "data", "context", "expert", "model")  # Megatron's rank order: DP inside PP
 
@@ -120,16 +126,14 @@ class Constraints:
             )
         rest = {k: v for k, v in options.items() if k in names}
         if "allow" in rest:
-            rest["allow"] = tuple(rest["allow"])
+            rest["allow"] = _allowed(rest["allow"])
+        if rest.get("batch_range") is not None:
+            rest["batch_range"] = _pair("batch_range", rest["batch_range"], tokens=True)
         return cls(fixed=fixed, **rest)
 
     def check(self, model: TransformerConfig, chips: int) -> None:
         """Contradictions, named: a fixed degree that is not allowed or does not divide the chips."""
-        bad = sorted(set(self.allow) - set(PARALLELISMS))
-        if bad:
-            raise PlannerError(f"allow={list(self.allow)}: {bad[0]!r} is not a parallelism; use {list(PARALLELISMS)}")
-        if not 0.0 <= self.headroom < 1.0:
-            raise PlannerError(f"headroom={self.headroom!r} is the fraction of memory left free, in [0, 1)")
+        self.check_values()
         for key, value in self.fixed.items():
             off = value in (1, 0, False, "none")
             if key in PARALLELISMS and key not in self.allow and not off:
@@ -138,21 +142,37 @@ class Constraints:
                     f"drop one of the two"
                 )
         degrees = [self.fixed.get(k, 1) for k in DEGREES]
-        if all(isinstance(d, int) for d in degrees) and chips % math.prod(degrees):
+        if chips % math.prod(degrees):
             named = " x ".join(f"{k}={self.fixed[k]}" for k in DEGREES if k in self.fixed)
             raise PlannerError(
                 f"the fixed degrees {named} = {math.prod(degrees)} do not divide {chips} chips; "
                 "change a degree or the chip count"
             )
-        lo, hi = self.micro_range
+
+    def check_values(self) -> None:
+        """Each option's own kind and range, whatever the chips: a degree that is not a whole
+        number >= 1, a word outside its choices, a range that is not (smallest, largest)."""
+        bad = sorted(set(_allowed(self.allow)) - set(PARALLELISMS))
+        if bad:
+            raise PlannerError(f"allow={list(self.allow)}: {bad[0]!r} is not a parallelism; use {list(PARALLELISMS)}")
+        h = self.headroom
+        if isinstance(h, bool) or not isinstance(h, numbers.Real) or not 0.0 <= h < 1.0:
+            raise PlannerError(f"headroom={h!r} is the fraction of memory left free, a number in [0, 1); e.g. 0.1")
+        for key, value in self.fixed.items():
+            _check_fixed(key, value)
+        lo, hi = _pair("micro_range", self.micro_range)
         if lo < 1 or hi < lo:
             raise PlannerError(f"micro_range={self.micro_range}: give (smallest, largest) sequences, 1 <= lo <= hi")
-        if "recompute" in self.fixed and self.fixed["recompute"] not in RECOMPUTE:
-            raise PlannerError(f"recompute={self.fixed['recompute']!r}: choose one of {list(RECOMPUTE)}")
-        if "cp_method" in self.fixed and self.fixed["cp_method"] not in CP_METHODS:
-            raise PlannerError(f"cp_method={self.fixed['cp_method']!r}: choose one of {list(CP_METHODS)}")
-        if self.fixed.get("attention", "flash") not in ATTENTION:
-            raise PlannerError(f"attention={self.fixed['attention']!r}: choose one of {list(ATTENTION)}")
+        if self.batch_range is not None:
+            lo, hi = _pair("batch_range", self.batch_range, tokens=True)
+            if hi < lo:
+                raise PlannerError(
+                    f"batch_range={self.batch_range}: give (smallest, largest) tokens, lo <= hi; e.g. ({hi}, {lo})"
+                )
+        for name in ("tp_max", "cp_max"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise PlannerError(f"{name}={v!r}: the largest degree is a whole number >= 1, or None for the default")
 
     def options(self, key: str, values: Sequence[Any]) -> list[Any]:
         """The values ``key`` may take: the fixed one, the first (off) if not allowed, else all."""
@@ -163,13 +183,83 @@ class Constraints:
         return list(values)
 
 
+_CHOICES: dict[str, Sequence[Any]] = {
+    "schedule": SCHEDULES, "recompute": RECOMPUTE, "cp_method": CP_METHODS, "attention": ATTENTION,
+}  # fmt: skip
+
+
+def _check_fixed(key: str, value: Any) -> None:
+    """A fixed plan field of the right kind: degrees whole numbers >= 1, ``zero`` 0 to 3, ``sp`` on or off, words
+    among their choices."""
+    if key in _CHOICES:
+        if not isinstance(value, str) or value not in _CHOICES[key]:
+            raise PlannerError(f"{key}={value!r}: choose one of {list(_CHOICES[key])}")
+    elif key == "sp":
+        if not isinstance(value, bool):
+            raise PlannerError(f"sp={value!r}: sequence parallelism is on or off, sp=True or sp=False")
+    elif key == "zero":
+        if isinstance(value, bool) or value not in (0, 1, 2, 3):
+            raise PlannerError(f"zero={value!r}: the ZeRO stage is 0, 1, 2 or 3")
+    elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlannerError(f"{key}={value!r}: a fixed {key} is a whole number >= 1, e.g. {key}=2")
+
+
+def _allowed(allow: Any) -> tuple[str, ...]:
+    """``allow`` as a tuple of names, or why it is not one."""
+    if isinstance(allow, str) or not isinstance(allow, Iterable) or not all(isinstance(a, str) for a in allow):
+        raise PlannerError(
+            f"allow={allow!r}: give the parallelisms that may be used as a tuple of names, e.g. allow=('dp', 'tp')"
+        )
+    return tuple(allow)
+
+
+def _pair(name: str, value: Any, *, tokens: bool = False) -> tuple[int, int]:
+    """``value`` as (smallest, largest) whole numbers (token counts, read as ``batch_tokens`` is, when
+    ``tokens``), or a :class:`PlannerError` naming ``name``."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
+        raise PlannerError(f"{name}={value!r}: give (smallest, largest), e.g. {name}=(1, 8)")
+    if tokens:
+        lo, hi = (tokens_argument(v, name, PlannerError) for v in value)
+        return lo, hi
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise PlannerError(f"{name}={value!r}: give (smallest, largest) as whole numbers, e.g. {name}=(1, 8)")
+    return value[0], value[1]
+
+
+@functools.lru_cache(maxsize=1024)
+def _divisors(n: int) -> tuple[int, ...]:
+    small, large = [], []
+    d = 1
+    while d * d <= n:  # pairs (d, n // d): O(sqrt n), so a batch of 2**40 tokens lists its divisors at once
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return (*small, *reversed(large))
+
+
 def divisors(n: int) -> list[int]:
     """The divisors of ``n``, ascending.
 
-    >>> divisors(12)
-    [1, 2, 3, 4, 6, 12]
+    >>> divisors(12), len(divisors(2**36))
+    ([1, 2, 3, 4, 6, 12], 37)
     """
-    return [d for d in range(1, n + 1) if n % d == 0]
+    return list(_divisors(n))
+
+
+def divisors_between(n: int, lo: int, hi: int) -> list[int]:
+    """The divisors of ``n`` from ``lo`` to ``hi``, ascending: by trial of that range when it
+    is short (the microbatch range, 1 to 64 by default), else from :func:`divisors`.
+
+    >>> divisors_between(2**40, 1, 8), divisors_between(12, 3, 10**12)
+    ([1, 2, 4, 8], [3, 4, 6, 12])
+    """
+    hi = min(hi, n)
+    if hi - lo < math.isqrt(n):
+        return [d for d in range(max(lo, 1), hi + 1) if n % d == 0]
+    return [d for d in _divisors(n) if lo <= d <= hi]
 
 
 def tp_degrees(model: TransformerConfig, chips: int, tp_max: int) -> list[int]:
@@ -214,7 +304,11 @@ def batch_sizes(batch_tokens: int, seq: int, dp: int, rng: tuple[int, int] | Non
     if rng is None:
         return [want] if want % dp == 0 else []
     lo, hi = -(-rng[0] // seq), rng[1] // seq
-    options = [b for b in range(-(-lo // dp) * dp, hi + 1, dp)]
+    first, last = -(-lo // dp) * dp, hi // dp * dp  # the range's smallest and largest multiples of dp
+    if first > last:
+        return []
+    near = min(max(want, first), last) // dp * dp  # found arithmetically: the range may span 2**40 tokens
+    options = {b for b in (near, near + dp) if first <= b <= last}
     return sorted(options, key=lambda b: (abs(b - want), b))[:1]
 
 
@@ -289,9 +383,9 @@ def _batches(
     ranks = base.dp * base.ep  # outside the experts the expert axis splits the batch too
     for batch in batch_sizes(batch_tokens, seq, ranks, c.batch_range):
         per_rank = batch // ranks
-        for micro in [b for b in divisors(per_rank) if lo <= b <= hi]:
+        for micro in divisors_between(per_rank, lo, hi):
             m = per_rank // micro
-            if c.options("microbatches", [m]) != [m]:
+            if c.options("microbatches", [m]) != [m] or (base.pp > 1 and m > MAX_MICROBATCHES):
                 continue
             for schedule, v in _schedules(model, base.pp, m, c):
                 plan = base.replace(microbatches=m, schedule=schedule, virtual_stages=v)
