@@ -20,7 +20,7 @@ SRC = Path(shardsim.__file__).parent
 # tuple in dependency order (left may not import right).
 LAYERS: list[tuple[str, ...]] = [
     ("errors",),
-    ("_blocks", "dtypes", "formulas", "activations", "trace_events"),
+    ("_blocks", "_divisors", "dtypes", "formulas", "activations", "trace_events"),
     ("layout",),
     ("memory",),  # the ledger counts bytes per chip: it knows nothing of meshes' users or arrays
     ("mesh",),

@@ -175,7 +175,7 @@ def test_bad_input_names_the_culprit() -> None:
     with pytest.raises(PlanError, match="loss scaling"):
         Trainer.for_model(LLAMA, Plan(dp=2), Plan(dp=2).mesh(), params, precision="fp16")
     with pytest.raises(
-        shardsim.ArgumentTypeError, match="Trainer.for_model: cfg must be a shardsim.models.TransformerConfig"
+        shardsim.ArgumentTypeError, match=r"Trainer\.for_model: cfg must be a shardsim\.models\.TransformerConfig"
     ):
         Trainer.for_model("llama-tiny", Plan(dp=2), Plan(dp=2).mesh(), params)  # type: ignore[arg-type]
     t = Trainer.for_model(LLAMA, Plan(dp=4), Plan(dp=4).mesh(), params)

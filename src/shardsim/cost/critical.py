@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import strategies
+from .._divisors import divisors
 from ..errors import CostModelError, ShardsimError
 from ..mesh import Mesh
 from ..strategies.base import ROLE_DEFAULTS
@@ -122,7 +123,7 @@ def critical_batch(
         return _critical_on(scheme, hw, scheme_mesh(scheme, n), d_model, f, where, dtype, max_per_chip)
     best: Critical | None = None
     splits: dict[int, float] = {}
-    for y in _divisors(n):
+    for y in divisors(n):
         m = Mesh(X=n // y, Y=y)
         try:
             c = _critical_on(scheme, hw, m, d_model, f, where, dtype, max_per_chip)
@@ -246,7 +247,7 @@ def best_split(
     hw = get_hardware(hardware)
     opts: dict[str, Any] = {"links": links, "topology": topology, "efficiency": efficiency, "pad": pad}
     best: Estimate | None = None
-    for y in _divisors(chips):
+    for y in divisors(chips):
         try:
             e = estimate("fsdp_tp", Mesh(X=chips // y, Y=y), hw, batch, d_model, d_ff, layers, overlap, dtype, **opts)
         except ShardsimError:
@@ -363,7 +364,3 @@ def _closed_form(
         x_opt = math.sqrt(b * mesh.size / d_ff * wx / wy * mesh.size) if math.isfinite(b) else None
         return closed, x_opt
     return None, None
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]

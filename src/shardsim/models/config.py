@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .._divisors import divisors
 from ..errors import ConfigError
 
 MLPS = ("gelu", "swiglu")
@@ -44,27 +45,6 @@ LIMITS = {
     "experts": 2**20,
     "top_k": 2**20,
 }
-
-
-def divisors(n: int, *, at_most: int | None = None) -> list[int]:
-    """The divisors of ``n`` ascending (the first ``at_most`` of them), found in O(sqrt n) steps
-    (every size field is at most its :data:`LIMITS` entry, so a hint costs at most ~2**15 steps).
-
-    >>> divisors(12), divisors(1048573), divisors(720, at_most=4)
-    ([1, 2, 3, 4, 6, 12], [1, 1048573], [1, 2, 3, 4])
-    """
-    small, large = [], []
-    d = 1
-    while d * d <= n:
-        if n % d == 0:
-            small.append(d)
-            if d * d != n:
-                large.append(n // d)
-        if at_most is not None and len(small) >= at_most:
-            return small[:at_most]
-        d += 1
-    found = small + large[::-1]
-    return found if at_most is None else found[:at_most]
 
 
 def _positive_int(name: str, value: Any) -> None:

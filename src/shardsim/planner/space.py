@@ -32,13 +32,13 @@ across nodes, which of the two is outermost.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import numbers
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._divisors import divisors
 from ..cost.units import tokens_argument
 from ..errors import PlannerError
 from ..models import TransformerConfig
@@ -227,28 +227,6 @@ def _pair(name: str, value: Any, *, tokens: bool = False) -> tuple[int, int]:
     return value[0], value[1]
 
 
-@functools.lru_cache(maxsize=1024)
-def _divisors(n: int) -> tuple[int, ...]:
-    small, large = [], []
-    d = 1
-    while d * d <= n:  # pairs (d, n // d): O(sqrt n), so a batch of 2**40 tokens lists its divisors at once
-        if n % d == 0:
-            small.append(d)
-            if d * d != n:
-                large.append(n // d)
-        d += 1
-    return (*small, *reversed(large))
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of ``n``, ascending.
-
-    >>> divisors(12), len(divisors(2**36))
-    ([1, 2, 3, 4, 6, 12], 37)
-    """
-    return list(_divisors(n))
-
-
 def divisors_between(n: int, lo: int, hi: int) -> list[int]:
     """The divisors of ``n`` from ``lo`` to ``hi``, ascending: by trial of that range when it
     is short (the microbatch range, 1 to 64 by default), else from :func:`divisors`.
@@ -259,7 +237,7 @@ def divisors_between(n: int, lo: int, hi: int) -> list[int]:
     hi = min(hi, n)
     if hi - lo < math.isqrt(n):
         return [d for d in range(max(lo, 1), hi + 1) if n % d == 0]
-    return [d for d in _divisors(n) if lo <= d <= hi]
+    return [d for d in divisors(n) if lo <= d <= hi]
 
 
 def tp_degrees(model: TransformerConfig, chips: int, tp_max: int) -> list[int]:

@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from .._divisors import divisors
 from ..array import ShapeDtype
 from ..errors import ArgumentTypeError, DivisibilityError, ModelInputError, PlanError
 from ..layout import Layout
 from ..mesh import Mesh
 from ..models import TransformerConfig
-from ..models.config import divisors
 from ..plans import DEGREE, ROLES, Plan
 
 
