@@ -19,6 +19,7 @@ from shardsim import (
     ModelInputError,
     PlanError,
     ShapeError,
+    cost,
 )
 from shardsim.models import TransformerConfig, reference
 from shardsim.plans import Plan
@@ -278,3 +279,5 @@ def test_interleaved_microbatches_not_a_multiple_of_pp_is_a_plan_error() -> None
         run_model(CFG.scaled(layers=4), plan, plan.mesh(), params, tokens, tokens)
     with pytest.raises(PlanError, match=words):
         Trainer.for_model(CFG.scaled(layers=4), plan, plan.mesh(), params, SGD(lr=0.1))
+    with pytest.raises(PlanError, match=words):  # the estimate's shape-only program checks it the same way
+        cost.estimate(CFG.scaled(layers=4), plan, "h100", batch_tokens=6 * 4, seq=4)

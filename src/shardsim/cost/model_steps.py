@@ -41,6 +41,7 @@ from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..plans import Plan
 from ..tracing import Event
+from ..transformer import checks
 from .program import Program, Step
 
 TEMPLATE = 3  # layers per pipeline chunk in the shallow trace: first, middle (repeated), last
@@ -118,10 +119,10 @@ def check_sizes(cfg: TransformerConfig, sequences: int, seq: int) -> None:
 
     >>> from shardsim.models import get
     >>> check_sizes(get("llama3-8b"), 2**27, 8192)  # 2**40 tokens: every tensor indexable
-    >>> check_sizes(get("llama-tiny").scaled(vocab=2**50), 1024, 16)  # doctest: +ELLIPSIS
+    >>> check_sizes(get("llama-tiny").scaled(vocab=2**24), 2**24, 2**16)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    shardsim.errors.CostModelError: batch_tokens=16384 (1,024 sequences of 16): the logits [B, S, vocab] ... <= 496
+    shardsim.errors.CostModelError: batch_tokens=1099511627776 (16,777,216 sequences of 65536): the logits [B, S, vocab] ...
     """
     hd = cfg.hd
     weights = {
@@ -159,10 +160,10 @@ def check_work(cfg: TransformerConfig, plan: Plan) -> None:
     """Refuse a whole-model program past :data:`MAX_LAYER_ITEMS` layer-microbatches, before tracing.
 
     >>> from shardsim.models import get
-    >>> check_work(get("llama-tiny").scaled(layers=2**20), Plan())  # doctest: +ELLIPSIS
+    >>> check_work(get("llama-tiny").scaled(layers=2**14), Plan(pp=2, microbatches=16))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    shardsim.errors.CostModelError: layers=1048576: the whole-model program times every op of ...
+    shardsim.errors.CostModelError: layers=16384 x microbatches=16: the whole-model program times every op of ...
     """
     m = plan.microbatches if plan.pp > 1 else 1
     if cfg.layers * m > MAX_LAYER_ITEMS:
@@ -206,12 +207,8 @@ def model_program(
     ``model_program.cache_info()`` and ``cache_clear()`` are the cache's. Treat the program
     as read-only: every caller with the same arguments gets the same object."""
     b, s = check_batch(cfg, plan, batch_tokens, seq)
-    if plan.pp > 1 and cfg.layers % (plan.pp * plan.virtual_stages):
-        raise DivisibilityError(
-            f"{cfg.name or 'the model'}'s {cfg.layers} layers do not divide over pp={plan.pp} stages"
-            + (f" x virtual_stages={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
-            + f"; choose pp x virtual_stages dividing {cfg.layers}"
-        )
+    if plan.pp > 1:  # the pipeline's rules, as run_model checks them, before any tracing
+        checks.check_pipeline(cfg, plan, b)
     return _program(cfg, plan, b, s, resolve_dtype(dtype).name)
 
 

@@ -170,7 +170,8 @@ def check_pipeline(cfg: TransformerConfig, plan: Plan, batch: int) -> None:
     parts = plan.pp * plan.virtual_stages
     if cfg.layers % parts:
         raise DivisibilityError(
-            f"layers={cfg.layers} do not divide over pp={plan.pp} stages x virtual_stages={plan.virtual_stages}"
+            f"layers={cfg.layers} do not divide over pp={plan.pp} stages x virtual_stages={plan.virtual_stages}; "
+            f"choose pp x virtual_stages dividing {cfg.layers}"
         )
     if batch % (plan.dp * plan.ep * plan.microbatches):
         raise DivisibilityError(
