@@ -103,7 +103,7 @@ TINY = {"layers": 1, "d_model": 8, "heads": 2, "d_ff": 16, "vocab": 8, "seq": 4}
         ({"d_ff": 2**23}, r"d_ff=8388608 is past its limit"),
         ({"experts": 2**21}, r"experts=2097152 is past its limit"),
         ({"head_dim": 2**17}, r"head_dim=131072 is past its limit"),
-        ({"norm_eps": float("inf")}, r"norm_eps must be a positive number"),
+        ({"norm_eps": float("inf")}, r"norm_eps must be a positive finite number"),
     ],
 )
 def test_huge_config_fields_are_refused_at_once(changes: dict[str, object], words: str) -> None:
@@ -166,6 +166,9 @@ BAD_INPUTS = [
     ({"params": {**PARAMS, "embed": np.zeros((3, 8))}}, ShapeError, r"param 'embed' has shape \(3, 8\).*\(8, 8\)"),
     ({"params": {**PARAMS, "embed": np.zeros((8, 8), int)}}, DtypeError, r"param 'embed' has dtype int64.*astype"),
     ({"params": list(PARAMS.values())}, ArgumentTypeError, r"params is a mapping of weight names to arrays, got list"),
+    ({"params": {**PARAMS, "embed": PARAMS["embed"].tolist()}}, ArgumentTypeError, r"param 'embed' is a list, not an"),
+    ({"tokens": TOKENS.astype(np.uint64)}, ModelInputError, r"tokens of dtype uint64 .* tokens.astype\(np.int64\)"),
+    ({"targets": TOKENS.astype(np.uint64)}, ModelInputError, r"targets of dtype uint64"),
 ]
 
 

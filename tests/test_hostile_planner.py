@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -222,6 +223,7 @@ LLAMA = get("llama-tiny")
         ({"overlap": "no"}, ArgumentTypeError, r"overlap='no': a switch"),
         ({"seq": "16"}, ArgumentTypeError, r"seq='16' \(str\)"),
         ({"links": 5}, CostModelError, r"links=5 \(int\): map mesh axes to networks"),
+        ({"efficiency": np.array([])}, CostModelError, r"efficiency array\(\[\], dtype=float64\): use one of"),
         ({"links": {"data": 5}}, CostModelError, r"links\['data'\]=5"),
         ({"mesh": "pp=2,microbatches=2048", "model": {"layers": 128}, "batch_tokens": 2048 * SEQ},
          CostModelError, r"layers=128 x microbatches=2048"),

@@ -6,6 +6,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import shardsim
@@ -259,3 +260,22 @@ def test_docs_example_runs() -> None:
     scope: dict[str, object] = {}
     exec(compile(code, "docs/transformer.md", "exec"), scope)
     assert isinstance(scope["loss"], float) and sorted(scope["grads"]) == sorted(scope["params"])  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("rope_theta", 10**400),  # past the float range
+        ("rope_theta", True),
+        ("norm_eps", True),
+        ("dropout", False),
+        ("layers", 10**5000),  # past Python's digit limit for a repr
+        ("mlp", np.array(["gelu", "swiglu"])),
+        ("position", np.array([])),
+    ],
+    ids=lambda v: type(v).__name__,
+)
+def test_numbers_and_words_of_the_wrong_kind_are_config_errors(field: str, value: object) -> None:
+    fields: dict[str, object] = {"layers": 1, "d_model": 8, "heads": 2, "d_ff": 8, "vocab": 11, "seq": 4, field: value}
+    with pytest.raises(ConfigError, match=f"TransformerConfig.{field}"):
+        TransformerConfig(**fields)  # type: ignore[arg-type]

@@ -249,7 +249,7 @@ def resolve_efficiency(
     """
     if isinstance(efficiency, Efficiency):
         return efficiency
-    if efficiency not in EFFICIENCY_MODES:
+    if not isinstance(efficiency, str) or efficiency not in EFFICIENCY_MODES:
         raise CostModelError(f"efficiency {efficiency!r}: use one of {EFFICIENCY_MODES}")
     if efficiency == "ideal":
         return IDEAL

@@ -47,19 +47,38 @@ LIMITS = {
 }
 
 
+def shown(value: Any) -> str:
+    """``repr(value)`` for a message, at most 60 characters (an int past Python's digit limit has no repr)."""
+    if isinstance(value, int) and value.bit_length() > 192:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"TransformerConfig.{name} must be a positive whole number, got {value!r}")
+        raise ConfigError(f"TransformerConfig.{name} must be a positive whole number, got {shown(value)}")
     if value > LIMITS[name]:
         raise ConfigError(
-            f"TransformerConfig.{name}={value} is past its limit {LIMITS[name]} (2**{LIMITS[name].bit_length() - 1}),"
-            f" far beyond any published model; choose {name} <= {LIMITS[name]}"
+            f"TransformerConfig.{name}={shown(value)} is past its limit {LIMITS[name]} "
+            f"(2**{LIMITS[name].bit_length() - 1}), far beyond any published model; choose {name} <= {LIMITS[name]}"
         )
 
 
+def _real(value: Any) -> float | None:
+    """``value`` as a finite float if it is a real number (not a bool, not past float's range), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        x = float(value)
+    except OverflowError:  # an int past 1.8e308
+        return None
+    return x if math.isfinite(x) else None
+
+
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"TransformerConfig.{name} must be one of {list(choices)}, got {value!r}")
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(f"TransformerConfig.{name} must be one of {list(choices)}, got {shown(value)}")
 
 
 @dataclass(frozen=True)
@@ -134,17 +153,21 @@ class TransformerConfig:
                 f"TransformerConfig.position='rope' rotates pairs of the head dimension, which must be even; "
                 f"head dimension is {self.hd}: choose an even head_dim or position='learned'"
             )
-        if not (isinstance(self.rope_theta, (int, float)) and math.isfinite(self.rope_theta) and self.rope_theta > 0):
-            raise ConfigError(f"TransformerConfig.rope_theta must be a positive number, got {self.rope_theta!r}")
-        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
+        theta, p, eps = _real(self.rope_theta), _real(self.dropout), _real(self.norm_eps)
+        if theta is None or theta <= 0:
+            what = shown(self.rope_theta)
+            raise ConfigError(f"TransformerConfig.rope_theta must be a positive finite number, got {what}")
+        if p is None or not 0.0 <= p < 1.0:
             raise ConfigError(
-                f"TransformerConfig.dropout is a probability in [0, 1), got {self.dropout!r}; use 0.0 for no dropout"
+                f"TransformerConfig.dropout is a probability in [0, 1), got {shown(self.dropout)}; "
+                "use 0.0 for no dropout"
             )
-        if not (isinstance(self.norm_eps, (int, float)) and 0 < self.norm_eps < math.inf):
-            raise ConfigError(f"TransformerConfig.norm_eps must be a positive number, got {self.norm_eps!r}")
+        if eps is None or eps <= 0:
+            what = shown(self.norm_eps)
+            raise ConfigError(f"TransformerConfig.norm_eps must be a positive finite number, got {what}")
         if isinstance(self.experts, bool) or not isinstance(self.experts, int) or self.experts < 0:
             raise ConfigError(
-                f"TransformerConfig.experts is the number of experts (0: a dense MLP), got {self.experts!r}"
+                f"TransformerConfig.experts is the number of experts (0: a dense MLP), got {shown(self.experts)}"
             )
         if self.experts:
             _positive_int("experts", self.experts)  # its upper limit
@@ -164,14 +187,14 @@ class TransformerConfig:
             f = self.capacity_factor
             if not self.experts:
                 raise ConfigError("TransformerConfig.capacity_factor sizes the experts' slots: give experts > 0 too")
-            if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < math.inf:
+            if (_real(f) or 0) <= 0:
                 raise ConfigError(
                     f"TransformerConfig.capacity_factor is a positive number (1.25: a quarter more slots than a "
-                    f"balanced load needs), or None to keep every token; got {f!r}"
+                    f"balanced load needs), or None to keep every token; got {shown(f)}"
                 )
         for field in ("bias", "tie_embeddings"):
             if not isinstance(getattr(self, field), bool):
-                raise ConfigError(f"TransformerConfig.{field} must be True or False, got {getattr(self, field)!r}")
+                raise ConfigError(f"TransformerConfig.{field} must be True or False, got {shown(getattr(self, field))}")
 
     @property
     def n_kv(self) -> int:
@@ -290,5 +313,5 @@ class TransformerConfig:
             fields = [f.name for f in dataclasses.fields(self)]
             raise ConfigError(f"TransformerConfig has no field {unknown[0]!r}; the fields are {fields}")
         if self.name and "name" not in changes and changes:
-            changes["name"] = f"{self.name}({', '.join(f'{k}={v!r}' for k, v in changes.items())})"
+            changes["name"] = f"{self.name}({', '.join(f'{k}={shown(v)}' for k, v in changes.items())})"
         return dataclasses.replace(self, **changes)

@@ -59,14 +59,17 @@ def check_params(cfg: TransformerConfig, params: Mapping[str, Any]) -> None:
 
 
 def _shape_and_dtype(value: Any, name: str) -> tuple[tuple[int, ...], np.dtype]:
-    """A weight's shape and dtype (a ShapeDtype's, or the array's it converts to), without copying an array."""
-    if hasattr(value, "shape") and hasattr(value, "dtype"):  # an array, a ShapeDtype, a ShardedArray
+    """A weight's shape and dtype: an array's, a ShapeDtype's or a ShardedArray's, read without copying.
+
+    Anything else (a nested list, a scalar) is refused rather than converted: every reader of
+    params (the reference, the trainer's placement, a checkpoint) takes arrays.
+    """
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
         return tuple(value.shape), np.dtype(value.dtype)
-    try:
-        arr = np.asarray(value)
-    except (ValueError, TypeError):  # a ragged list
-        raise ShapeError(f"param {name!r} is not a rectangular array: {type(value).__name__}") from None
-    return arr.shape, arr.dtype
+    raise ArgumentTypeError(
+        f"param {name!r} is a {type(value).__name__}, not an array; pass np.asarray(...) of it, or build params "
+        "with shardsim.models.reference.init(cfg)"
+    )
 
 
 def _check_ids(cfg: TransformerConfig, ids: Any, what: str) -> np.ndarray:

@@ -241,6 +241,8 @@ def check_tokens(cfg: TransformerConfig, plan: Plan, tokens: Any, targets: Any) 
         dt = v.dtype if isinstance(v, ShapeDtype) else np.asarray(v).dtype
         if dt.kind not in "iu":
             raise ModelInputError(f"{name} must be integer token ids, got dtype {dt}")
+        if dt == np.uint64:  # NumPy promotes uint64 with a signed offset to float64, which cannot index
+            raise ModelInputError(f"{name} of dtype uint64 cannot index the embedding; pass {name}.astype(np.int64)")
         if not isinstance(v, ShapeDtype):
             a = np.asarray(v)
             bad = (a < 0) | (a >= cfg.vocab)
