@@ -45,7 +45,7 @@ from .dtypes import resolve_dtype
 from .errors import ArgumentTypeError, ChipFailureError, CollectiveError, ShardingError
 from .holders import held_text
 from .layout import Layout
-from .mesh import normalize_axes
+from .mesh import Mesh, normalize_axes
 
 Axes = str | Iterable[str]
 _Collective = TypeVar("_Collective", bound=Callable[..., ShardedArray])
@@ -453,18 +453,29 @@ def _sizes(x: ShardedArray, n: int) -> dict[str, int]:
     return {"group_size": n, "array_bytes": x.local_nbytes}
 
 
+def failed_chips(mesh: Mesh) -> tuple[list[str], str]:
+    """The failed chips' names in order, and the words a ChipFailureError says of them.
+
+    >>> from shardsim import Mesh
+    >>> m = Mesh(X=2, Y=2)
+    >>> m.fail(X=1, Y=0)
+    >>> failed_chips(m)
+    (['(X1,Y0)'], 'chip (X1,Y0) has')
+    """
+    names = [mesh.chip_name(dict(zip(mesh.axis_names, c))) for c in sorted(mesh.failed)]
+    return names, f"chip {names[0]} has" if len(names) == 1 else f"chips {', '.join(names)} have"
+
+
 def _check_alive(x: ShardedArray, op: str, axes: tuple[str, ...]) -> None:
     """Raise ChipFailureError naming the failed chip(s), the collective, the value and the step.
 
     Every chip runs the collective in its own group (SPMD), so one failed chip fails the step.
     """
-    failed = sorted(x.mesh.failed)
-    if not failed:
+    if not x.mesh.failed:
         return
     mesh = x.mesh
-    names = [mesh.chip_name(dict(zip(mesh.axis_names, c))) for c in failed]
-    who = f"chip {names[0]} has" if len(names) == 1 else f"chips {', '.join(names)} have"
-    first = dict(zip(mesh.axis_names, failed[0]))
+    names, who = failed_chips(mesh)
+    first = dict(zip(mesh.axis_names, min(mesh.failed)))
     group = next(g for g in mesh.groups(axes) if first in g)
     index = tracing.next_event_index()
     step = f"{tracing.current_phase()} phase" + (f", trace event {index}" if index is not None else "")

@@ -175,6 +175,19 @@ def check_work(cfg: TransformerConfig, plan: Plan) -> None:
         )
 
 
+def recorded_steps(events: Sequence[Event]) -> list[Step]:
+    """A transformer step's events as the cost model's steps: each in its own layer, waiting for
+    the ids it recorded and nothing else (the step computes its loss gradient inside the trace,
+    so no input stands for an outside ``dOut``, as :func:`~shardsim.cost.program.program_steps`
+    assumes for the MLP schemes). The whole-model estimate and the planner's layer both read them so.
+
+    >>> e = Event(0, "matmul", (), "A.T @ dQ", (), "", "backward", inputs=(7,), output=8)
+    >>> [(s.inputs, s.output) for s in recorded_steps([e])]
+    [((7,), 8)]
+    """
+    return [Step(e, e.layer, e.inputs, e.output) for e in events]
+
+
 def trace_model(cfg: TransformerConfig, plan: Plan, batch: int, seq: int, dtype: str = "bfloat16") -> Program:
     """``run_model`` shape-only on ``batch`` sequences of ``seq`` tokens, every layer traced: the
     reference :func:`model_program` is tested against (and what it uses for shallow models)."""
@@ -189,7 +202,7 @@ def _traced(cfg: TransformerConfig, plan: Plan, batch: int, seq: int, dtype: str
     params = {k: ShapeDtype(s, dtype) for k, s in cfg.param_shapes().items()}
     tokens = ShapeDtype((batch, seq), "int32")
     res = run_model(cfg, plan, mesh, params, tokens, tokens)
-    steps = [Step(e, e.layer, e.inputs, e.output) for e in res.trace.events]
+    steps = recorded_steps(res.trace.events)
     ledger = res.memory
     peak = {**{c: int(np.max(ledger.peak(c))) for c in ledger.categories()}, "total": int(np.max(ledger.peak()))}
     return ModelProgram(

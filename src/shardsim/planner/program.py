@@ -38,9 +38,10 @@ from ..array import ShapeDtype, shard
 from ..collectives import ppermute
 from ..cost.efficiency import Efficiency, resolve_efficiency
 from ..cost.hardware import Hardware
+from ..cost.model_steps import recorded_steps
 from ..cost.placement import AxisLink, Placement, place
 from ..cost.presets import get_hardware
-from ..cost.program import Step, _per_chip, chips_running, trace_steps
+from ..cost.program import _per_chip, chips_running, trace_steps
 from ..cost.timeline import Timeline, build_timeline
 from ..mesh import Mesh
 from ..models import TransformerConfig
@@ -276,9 +277,9 @@ class LayerCache:
         """Two time lines: the microbatch's work alone, and with the gradient reductions (the
         last microbatch's backward, overlapping them); the forward ends where its last bar does."""
         alone = [e for e in events if not is_sync(e, self._params)]
-        work = build_timeline(model_steps(alone), self.hw, pl, efficiency=eff)
+        work = build_timeline(recorded_steps(alone), self.hw, pl, efficiency=eff)
         synced = len(alone) < len(events)  # no gradient reduction (one data and context rank): one time line
-        whole = build_timeline(model_steps(events), self.hw, pl, efficiency=eff) if synced else work
+        whole = build_timeline(recorded_steps(events), self.hw, pl, efficiency=eff) if synced else work
         fwd = max((b.end for b in work.bars if b.phase == "forward"), default=0.0)
         fwd_whole = max((b.end for b in whole.bars if b.phase == "forward"), default=0.0)
         sync = sum(b.seconds for b in whole.bars if is_sync(events[b.index], self._params))
@@ -302,25 +303,6 @@ class LayerCache:
                 ppermute(x, "pipe", 1, label="x")
             self._p2p[key] = build_timeline(trace_steps(t), self.hw, pl, efficiency=eff).step_s
         return self._p2p[key]
-
-
-def model_steps(events: Sequence[Event]) -> list[Step]:
-    """The trace's events as steps exactly as the whole-model estimate reads its program
-    (:func:`shardsim.cost.model_steps.model_program`): each event in its own layer, waiting
-    for the ids it recorded and nothing else. Not :func:`~shardsim.cost.program.program_steps`,
-    which is for a forward+backward pair fed an outside ``dOut``: it makes every backward
-    input no event wrote wait for the last forward event, but a transformer's step computes
-    its loss gradient inside the trace, and such an input is a value a local (untraced) op
-    wrote, such as flash attention's ``dQ`` with its heads merged. Read as the loss, it made
-    ``A.T @ dQ`` the reader of the loss's last all-reduce (``target logit``), which was then
-    issued late instead of queueing ahead of ``sum exp`` on the model axis: the backward
-    started early and the step came out short (6% on a tiny model under dp=2,tp=2).
-
-    >>> e = Event(0, "matmul", (), "A.T @ dQ", (), "", "backward", inputs=(7,), output=8)
-    >>> [(s.inputs, s.output) for s in model_steps([e])]
-    [((7,), 8)]
-    """
-    return [Step(e, e.layer, e.inputs, e.output) for e in events]
 
 
 def mesh_in_order(plan: Plan, order: Sequence[str] | None = None) -> Mesh:

@@ -32,6 +32,7 @@ import numpy as np
 
 from .. import engines
 from ..array import ShardedArray
+from ..collectives import failed_chips
 from ..errors import ChipFailureError, EngineError
 from ..layout import Layout
 from ..mesh import Mesh
@@ -262,8 +263,7 @@ def _check_alive(t: Trainer) -> None:
     mesh = t.mesh
     if not mesh.failed:
         return
-    names = [mesh.chip_name(dict(zip(mesh.axis_names, c))) for c in sorted(mesh.failed)]
-    who = f"chip {names[0]} has" if len(names) == 1 else f"chips {', '.join(names)} have"
+    _, who = failed_chips(mesh)
     raise ChipFailureError(
         f"Trainer(engine='jax') step {t.step_count + 1} ({t.scheme.name} on {mesh}) cannot run: {who} failed, "
         "and every chip takes part in the step's collectives. Restore from a checkpoint onto a mesh without "
