@@ -29,8 +29,8 @@ import numpy as np
 from _timing import cpu, medians
 
 from shardsim import Mesh
+from shardsim.cli.estimate import parse_batches
 from shardsim.cost import estimate, sweep
-from shardsim.cost.cli import parse_batches
 
 D, F, LAYERS, PER_CHIP = 8192, 32768, 80, 4096
 MESHES = {"ddp": Mesh(X=1024), "fsdp": Mesh(X=1024), "tp": Mesh(Y=1024), "fsdp_tp": Mesh(X=64, Y=16)}

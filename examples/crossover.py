@@ -16,8 +16,8 @@ import argparse
 import math
 from pathlib import Path
 
+from shardsim.cli.estimate import parse_batches
 from shardsim.cost import critical_batch, sweep
-from shardsim.cost.cli import parse_batches
 from shardsim.cost.crossover import crossover_both, crossover_png
 
 D, F, CHIPS = 8192, 32768, 256

@@ -1,7 +1,8 @@
-"""Shared test set-up: hypothesis profiles, and the tests folder on ``sys.path``.
+"""Shared test set-up: hypothesis profiles, and the tests and tools folders on ``sys.path``.
 
 pytest runs with ``--import-mode=importlib``, which does not put the tests folder on the path,
-so the shared strategies (``strategies_core``) are made importable here.
+so the shared strategies (``strategies_core``) are made importable here, and so are the
+maintainer's tools of the repository's ``tools`` folder (``support_matrix``).
 
 Profiles: ``ci`` (default) keeps the property tests bounded and derandomized, so the suite
 stays fast on two cores and gives the same verdict on every run; ``dev`` runs many more,
@@ -17,6 +18,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tools"))
 
 settings.register_profile(
     "ci",

@@ -298,7 +298,7 @@ def test_a_new_subcommand_is_one_registered_function(capsys) -> None:
         assert run_cli(capsys, "count_test", "--chips", "3")[0] == 1
         assert run_cli(capsys, "count_test", "--chips", "-1")[0] == 2
     finally:
-        cli._COMMANDS.pop("count_test")
+        cli.COMMANDS.pop("count_test")
 
 
 def test_python_dash_m_shardsim(tmp_path) -> None:

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from cli_cases import random_case
 from fuzz_budget import budget
-from shardsim import _cli_args, cli
+from shardsim import cli, host, strategies
+from shardsim.strategies import demo
 
 GiB = 2**30
 
@@ -121,7 +122,7 @@ def test_ctrl_c_exits_130_with_one_line(capsys, monkeypatch) -> None:
     def interrupted(args) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(cli._COMMANDS, "schemes", cli.Subcommand("schemes", "", interrupted))
+    monkeypatch.setitem(cli.COMMANDS, "schemes", cli.Subcommand("schemes", "", interrupted))
     code, out, err = run(capsys, "schemes")
     assert (code, out, err) == (130, "", "shardsim: interrupted\n")
 
@@ -130,7 +131,7 @@ def test_an_unexpected_exception_is_still_one_line(capsys, monkeypatch) -> None:
     def broken(args) -> int:
         raise TypeError("unsupported operand")
 
-    monkeypatch.setitem(cli._COMMANDS, "schemes", cli.Subcommand("schemes", "", broken))
+    monkeypatch.setitem(cli.COMMANDS, "schemes", cli.Subcommand("schemes", "", broken))
     code, _, err = run(capsys, "schemes")
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
     assert err.startswith("shardsim schemes: error: internal error TypeError: unsupported operand")
@@ -153,7 +154,7 @@ def test_version(capsys) -> None:
     ],
 )
 def test_a_run_too_big_for_the_host_is_refused_before_it_allocates(capsys, monkeypatch, argv) -> None:
-    monkeypatch.setattr(_cli_args, "available_memory", lambda: 4 * GiB)
+    monkeypatch.setattr(host, "available_memory", lambda: 4 * GiB)
     tracemalloc.start()
     start = time.perf_counter()
     try:
@@ -179,7 +180,7 @@ def test_the_memory_need_comes_from_the_shape_only_ledger(monkeypatch) -> None:
         if len(seen) == 2:  # the ledger's check: stop before any data is drawn
             raise _StopError
 
-    monkeypatch.setattr(cli, "check_host_memory", record)
+    monkeypatch.setattr(demo, "check_host_memory", record)
     with pytest.raises(_StopError):
         cli.run_demo("ddp", batch=2**27, check_memory=True)
     per_value = 2**27 * 4 * 4  # B x D x 4 bytes
@@ -194,7 +195,7 @@ class _StopError(Exception):
 def test_default_demo_of_every_scheme_passes(capsys) -> None:
     code, out, err = run(capsys, "demo", "--scheme", "all", "--quiet")
     assert code == 0 and err == ""
-    assert len(out.splitlines()) == len(cli.strategies.names())
+    assert len(out.splitlines()) == len(strategies.names())
     assert "dp_ep on Mesh(X=2, Y=2): PASS" in out
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardsim import Mesh, cli
-from shardsim._cli_args import count, mesh_type
+from shardsim.cli import count, mesh_type
 from shardsim.cost import estimate, get_hardware
 from shardsim.cost.critical import critical_batch
 from shardsim.cost.estimator import excess_terms

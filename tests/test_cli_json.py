@@ -67,7 +67,7 @@ def test_demo_json_is_the_runs_trace_and_ledger(capsys) -> None:
 def test_train_json_losses_are_single_device_training(capsys) -> None:
     got = run_json(capsys, "train", "--json", "--scheme", "ddp", "--steps", "3")
     assert set(got) == documented("train") and set(got["schemes"][0]) == documented("train.schemes[]")
-    from shardsim.training import cli as train_cli
+    from shardsim.cli import train as train_cli
     from shardsim.training import optim
 
     p, x, y = train_cli.problem(2, 8, 16, 32)

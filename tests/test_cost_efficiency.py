@@ -263,7 +263,7 @@ def test_every_preset_constant_has_a_source_in_the_docs():
 def test_cli_estimate_prints_the_efficiency(capsys):
     import argparse
 
-    from shardsim.cost import add_estimate_arguments, cli_estimate
+    from shardsim.cli.estimate import add_estimate_arguments, cli_estimate
 
     p = argparse.ArgumentParser()
     add_estimate_arguments(p)

@@ -7,19 +7,15 @@ import argparse
 import pytest
 
 from shardsim import Mesh
-from shardsim.cost import (
+from shardsim.cli.estimate import (
     add_critical_arguments,
     add_estimate_arguments,
     add_sweep_arguments,
-    best_split,
     cli_critical,
     cli_estimate,
     cli_sweep,
-    critical_batch,
-    estimate,
-    get_hardware,
-    sweep,
 )
+from shardsim.cost import best_split, critical_batch, estimate, get_hardware, sweep
 
 D, F = 8192, 32768
 V5P = get_hardware("tpu-v5p")

@@ -62,7 +62,7 @@ def test_the_adding_a_subcommand_example_runs_and_clashes_with_no_command(capsys
         assert cli.main([name, "--mesh", "X=2,Y=2"]) == 0
         assert capsys.readouterr().out == "(X0,Y0) (X0,Y1) (X1,Y0) (X1,Y1)\n"
     finally:
-        cli._COMMANDS.pop(name, None)
+        cli.COMMANDS.pop(name, None)
 
 
 def test_every_subcommand_is_documented() -> None:

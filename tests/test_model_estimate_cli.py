@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shardsim import cli, cost
-from shardsim.cost.cli import tokens_type
+from shardsim.cli.estimate import tokens_type
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardsim import Mesh, strategies, support
+import support_matrix as support
+from shardsim import Mesh, strategies
 from shardsim.models import TransformerConfig
 from shardsim.plans import Plan
 from test_run_model import check_against_reference
@@ -29,7 +30,7 @@ def cells() -> list[support.Cell]:
 
 def test_the_page_is_the_matrix_the_code_generates(cells: list[support.Cell]) -> None:
     assert PAGE.read_text(encoding="utf-8") == support.markdown(cells), (
-        "docs/support.md is stale: run python -m shardsim.support docs/support.md"
+        "docs/support.md is stale: run python tools/support_matrix.py docs/support.md"
     )
 
 

@@ -17,8 +17,8 @@ from shardsim import ConfigError, Mesh, PlanError, mlp, strategies
 from shardsim.models import MLP
 from shardsim.plans import Plan
 from shardsim.strategies.runner import resolve_axes
-from shardsim.support import scheme_mesh
 from shardsim.training import SGD, Trainer
+from support_matrix import scheme_mesh
 
 # What each name means, by hand (Megatron-LM's degrees; ZeRO stages as the ZeRO paper numbers them).
 MEANING = {

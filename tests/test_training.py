@@ -264,7 +264,7 @@ def test_pipeline_microbatches_that_do_not_divide(microbatches, error, match: st
 def test_train_command_prints_losses_and_memory(capsys) -> None:
     import argparse
 
-    from shardsim.training.cli import add_train_arguments, train_command
+    from shardsim.cli.train import add_train_arguments, train_command
 
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)

@@ -17,14 +17,6 @@ matplotlib; only drawing a PNG does.
 
 from __future__ import annotations
 
-from .cli import (
-    add_critical_arguments,
-    add_estimate_arguments,
-    add_sweep_arguments,
-    cli_critical,
-    cli_estimate,
-    cli_sweep,
-)
 from .collectives import CommTime, collective_time
 from .critical import Critical, CriticalPair, axis_bandwidth, best_split, critical_batch, critical_both, scheme_mesh
 from .efficiency import (
@@ -70,15 +62,9 @@ __all__ = [
     "Switched",
     "Timeline",
     "Torus",
-    "add_critical_arguments",
-    "add_estimate_arguments",
-    "add_sweep_arguments",
     "axis_bandwidth",
     "best_split",
     "build_timeline",
-    "cli_critical",
-    "cli_estimate",
-    "cli_sweep",
     "collective_time",
     "critical_batch",
     "critical_both",

@@ -25,13 +25,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .._cli_args import count
-from .._options import key_values
 from ..cost.units import token_count  # the library reads batch_tokens="16M" with it too
 from ..errors import CommandLineError
 from ..models.presets import names as model_names
-from .search import plan
-from .space import FIXABLE, PARALLELISMS
+from ..planner.search import plan
+from ..planner.space import FIXABLE, PARALLELISMS
+from .args import count, key_values
+from .framework import subcommand
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +51,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print every figure as JSON")
 
 
+@subcommand(
+    "plan", "the fastest plans of a model on a cluster that fit, ranked and explained", configure=add_plan_arguments
+)
 def cli_plan(args: argparse.Namespace) -> int:
     """Run ``shardsim plan``: the ranked table, why the best wins, the rejected families."""
     options: dict[str, Any] = {k: _value(k, v) for k, v in args.fix.items()}

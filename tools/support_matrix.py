@@ -25,7 +25,8 @@ role; the transformer rows a 2-layer (or one per stage and chunk) model of width
 experts under ``ep``. "Real widths" are D=8192, F=32768 for the MLP and Llama 3 8B's widths,
 vocabulary and sequence for the transformer.
 
-``python -m shardsim.support docs/support.md`` writes the table (:func:`markdown`).
+``python tools/support_matrix.py docs/support.md`` (from the repository's root) writes the table
+(:func:`markdown`); the test suite imports this file to check the page is current.
 
 >>> cells = scheme_row("ddp")
 >>> [c.column for c in cells if c.works] == list(COLUMNS)
@@ -44,13 +45,14 @@ from typing import Any
 
 import numpy as np
 
-from . import checkpoint, strategies
-from .array import ShapeDtype
-from .errors import ShardsimError
-from .mesh import Mesh
-from .models import TransformerConfig, get, reference
-from .plans import Plan
-from .tracing import Trace
+from shardsim import checkpoint, strategies
+from shardsim.array import ShapeDtype
+from shardsim.errors import ShardsimError
+from shardsim.mesh import Mesh
+from shardsim.models import TransformerConfig, get, reference
+from shardsim.plans import Plan
+from shardsim.strategies.demo import mesh_for
+from shardsim.tracing import Trace
 
 COLUMNS = ("exact run", "Trainer step", "shape-only trace", "estimate", "critical batch", "checkpoint", "CLI")
 #: The transformer plans the matrix tries: each parallelism, then the combinations people use.
@@ -138,7 +140,7 @@ def _estimated(e: Any) -> str:
 
 def _cli(argv: Sequence[str]) -> str:
     """Run the command line quietly; its error line (or last line) if it does not exit 0."""
-    from .cli import main
+    from shardsim.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -156,8 +158,6 @@ def scheme_mesh(name: str) -> Mesh:
     >>> scheme_mesh("dp_pp_tp")
     Mesh(X=2, Y=2, Z=2)
     """
-    from .training.cli import mesh_for
-
     return mesh_for(name, CHIPS[len(strategies.get(name).roles)])
 
 
@@ -182,7 +182,7 @@ def scheme_row(name: str) -> list[Cell]:
         return _held(err, "out and grads")
 
     def trainer(m: Mesh | None = None) -> Any:
-        from .training import SGD, Trainer
+        from shardsim.training import SGD, Trainer
 
         return Trainer(name, m or Mesh(dict(zip(mesh.axis_names, mesh.shape))), params, SGD(lr=LR), activation="gelu")
 
@@ -211,13 +211,13 @@ def scheme_row(name: str) -> list[Cell]:
         return f"same trace as the exact run; D={big.d_model}: {int(r.memory['total'].max()) / 1e9:.2f} GB/chip"
 
     def estimate() -> str:
-        from .cost import estimate as est
+        from shardsim.cost import estimate as est
 
         e = est(name, mesh, "h100", REAL["per_chip"] * mesh.size, REAL["d_model"], REAL["d_ff"], real_layers)
         return _estimated(e)
 
     def critical() -> str:
-        from .cost import critical_batch
+        from shardsim.cost import critical_batch
 
         c = critical_batch(name, "h100", REAL["d_ff"], d_model=REAL["d_model"], mesh=mesh)
         return "comm-bound at every batch" if np.isinf(c.per_chip_batch) else f"{c.per_chip_batch:.3g} tokens/chip"
@@ -261,7 +261,7 @@ def scheme_row(name: str) -> list[Cell]:
 # -- the transformer under a plan -------------------------------------------------------------
 def plan_row(text: str) -> list[Cell]:
     """Every column tried on the transformer under plan ``text``."""
-    from .transformer.run import run_model
+    from shardsim.transformer.run import run_model
 
     plan = Plan.parse(text)
     experts = {"experts": 4, "mlp": "gelu"} if plan.ep > 1 else {}  # expert parallelism splits a mixture of experts
@@ -279,7 +279,7 @@ def plan_row(text: str) -> list[Cell]:
         return _held(err, "loss and grads")
 
     def trainer() -> Any:
-        from .training import SGD, Trainer
+        from shardsim.training import SGD, Trainer
 
         return Trainer.for_model(cfg, plan, plan.mesh(), params, SGD(lr=LR))
 
@@ -308,14 +308,14 @@ def plan_row(text: str) -> list[Cell]:
         return f"same trace as the exact run; {REAL_MODEL} widths: {int(r.peak.max()) / 1e9:.2f} GB/chip"
 
     def estimate() -> str:
-        from .cost import estimate as est
+        from shardsim.cost import estimate as est
 
         big = get(REAL_MODEL).scaled(**experts) if experts else get(REAL_MODEL)
         e = est(big, plan, "h100", batch_tokens=2 * plan.dp * plan.ep * plan.microbatches * big.seq)
         return f"{big.name}: {_estimated(e)}"
 
     def critical() -> str:
-        from .cost import critical_batch
+        from shardsim.cost import critical_batch
 
         critical_batch(get(REAL_MODEL), "h100", mesh=plan.mesh())  # type: ignore[arg-type]
         return "critical batch"
@@ -405,7 +405,7 @@ transformer with `run_model` (table above)."""
 HEADER = """# Support matrix
 
 Every registered scheme and every parallelism of the transformer, tried in every subsystem.
-This page is generated: `python -m shardsim.support docs/support.md` runs each cell at a
+This page is generated: `python tools/support_matrix.py docs/support.md` runs each cell at a
 small size (float64, checked against the single-device reference) and, shape-only, at real
 widths, and writes what it found; the test suite regenerates it and fails if it is stale.
 "works" means the cell ran and was checked (what was checked is listed at the end); "no"

@@ -1,4 +1,4 @@
-"""Command-line front ends of the cost model: ``shardsim estimate``, ``sweep`` and ``critical``.
+"""The cost model on the command line: ``shardsim estimate``, ``sweep`` and ``critical``.
 
 Each pair is ``add_*_arguments(parser)`` (fills an argparse sub-parser) and ``cli_*(args)``
 (runs it, prints, returns an exit code). Every run is shape-only, so no size allocates
@@ -27,26 +27,34 @@ import importlib.util
 import math
 from typing import Any
 
-from .._cli_args import (
-    LIMITS,
-    add_chrome_trace_option,
-    check_output_path,
-    count,
-    mesh_type,
-    write_chrome_trace_option,
-    write_png_option,
-)
-from .._cli_output import add_output_options, write_csv, write_json
 from .._format import table_text
-from .._options import key_values
+from ..cost import (
+    Critical,
+    Estimate,
+    Hardware,
+    best_split,
+    critical_batch,
+    estimate,
+    get_hardware,
+    hardware_names,
+    scheme_mesh,
+    sweep,
+)
 from ..errors import CommandLineError
 from ..mesh import Mesh
 from ..plans import Plan
 from ..strategies.base import ROLE_DEFAULTS
-from .critical import Critical, best_split, critical_batch, scheme_mesh
-from .estimator import Estimate, estimate, sweep
-from .hardware import Hardware
-from .presets import get_hardware, hardware_names
+from .args import LIMITS, count, key_values, mesh_type
+from .framework import subcommand
+from .output import (
+    add_chrome_trace_option,
+    add_output_options,
+    check_output_path,
+    write_chrome_trace_option,
+    write_csv,
+    write_json,
+    write_png_option,
+)
 
 COST_SCHEMES = ("ddp", "fsdp", "tp", "fsdp_tp")
 
@@ -95,6 +103,7 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_options(parser)
 
 
+@subcommand("estimate", "time one training step of a scheme on real hardware", configure=add_estimate_arguments)
 def cli_estimate(args: argparse.Namespace) -> int:
     """Run ``shardsim estimate``: summary, text time line, optional breakdown, PNG, critical batch."""
     if args.model is not None:
@@ -160,8 +169,8 @@ def cli_estimate(args: argparse.Namespace) -> int:
 def cli_model_estimate(args: argparse.Namespace) -> int:
     """``shardsim estimate --model M --plan P``: the model's summary, its time line, optional
     breakdown, PNG and Chrome trace; ``--json`` the record :func:`model_record` gives."""
+    from ..cost import estimate_model
     from ..models import get as get_model
-    from .model_estimate import estimate_model
 
     mlp = {"scheme": None, "mesh": None, "batch": None, "per_chip_batch": None, "critical": False}
     given = [k for k, v in mlp.items() if getattr(args, k) != v]
@@ -308,6 +317,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_options(parser)
 
 
+@subcommand("sweep", "step time and MFU against batch for every scheme", configure=add_sweep_arguments)
 def cli_sweep(args: argparse.Namespace) -> int:
     """Run ``shardsim sweep``: a table of step time and MFU per scheme and per-chip batch."""
     hw = _hardware(args)
@@ -336,7 +346,7 @@ def cli_sweep(args: argparse.Namespace) -> int:
             mesh = ",".join(f"{a}={n}" for a, n in zip(e.mesh.axis_names, e.mesh.shape))
             print(f"{e.scheme:<9}{e.per_chip_batch:>12g}{mesh:>20}{e.step_s * 1e3:>11.4g}{e.mfu:>8.1%}  {e.bound}")
     if args.png:
-        from .crossover import crossover_png
+        from ..cost.crossover import crossover_png
 
         _png(lambda: crossover_png({hw.name: rows}), args.png, quiet=args.json or args.csv)
     return 0
@@ -353,6 +363,9 @@ def add_critical_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_options(parser, table=False)
 
 
+@subcommand(
+    "critical", "the per-chip batch above which a scheme is compute-bound", configure=add_critical_arguments
+)
 def cli_critical(args: argparse.Namespace) -> int:
     """Run ``shardsim critical``: the tokens per chip above which the scheme is compute-bound.
 

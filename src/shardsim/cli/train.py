@@ -13,7 +13,7 @@ converges for the default sizes and well above them.
 
 :func:`add_train_arguments` configures an ``argparse`` parser; :func:`train_command` runs it
 and returns the exit code (0 when every scheme matched the single-device losses and they
-fell, 1 if not).
+fell, 1 if not); each scheme's mesh is :func:`~shardsim.strategies.demo.mesh_for`'s.
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser()
@@ -34,25 +34,27 @@ from typing import Any
 import numpy as np
 
 from .. import formulas, mlp, strategies
-from .._cli_args import (
-    add_chrome_trace_option,
-    check_host_memory,
-    check_output_path,
-    count,
-    positive_float,
-    seed,
-    write_chrome_trace_option,
-)
-from .._cli_output import add_output_options, progress, write_csv, write_json
 from .._format import fmt_bytes, table_text
 from ..array import ShapeDtype
 from ..dtypes import FLOAT_NAMES, eps, tolerance
 from ..errors import ShardsimError
+from ..host import check_host_memory
 from ..mesh import Mesh
-from ..strategies.base import ROLE_DEFAULTS
-from . import optim
-from .precision import Precision, precision_dtype
-from .trainer import StepResult, Trainer
+from ..strategies.demo import mesh_for
+from ..training import optim
+from ..training.precision import Precision, precision_dtype
+from ..training.trainer import StepResult, Trainer
+from .args import count, positive_float, seed
+from .framework import subcommand
+from .output import (
+    add_chrome_trace_option,
+    add_output_options,
+    check_output_path,
+    progress,
+    write_chrome_trace_option,
+    write_csv,
+    write_json,
+)
 
 #: The schemes ``shardsim train`` runs when none is named: the ZeRO stages, then model parallel.
 DEFAULT_SCHEMES = ("ddp", "zero1", "zero2", "zero3", "tp", "fsdp_tp")
@@ -130,6 +132,11 @@ def default_lr(optimizer: str, d_model: int, d_ff: int, layers: int) -> float:
     return 0.1
 
 
+@subcommand(
+    "train",
+    "train a small regression problem under every scheme and ZeRO stage",
+    configure=add_train_arguments,
+)
 def train_command(args: argparse.Namespace) -> int:
     """Run ``shardsim train`` with parsed ``args``; 0 if every scheme matched single-device training."""
     names = args.scheme or list(DEFAULT_SCHEMES)
@@ -321,33 +328,6 @@ def loss_tolerance(precision: Precision, layers: int, batch: int, d_model: int, 
     return tolerance(precision.compute, max(batch, d_model, d_ff)) * (4 * layers + 2) * steps
 
 
-def mesh_for(name: str, chips: int) -> Mesh:
-    """The mesh a scheme trains on: one axis per role (X data, Y model or expert, Z pipe), the chips
-    split over them as evenly as they go.
-
-    >>> mesh_for("fsdp_tp", 8), mesh_for("tp", 4), mesh_for("pp", 2), mesh_for("dp_pp_tp", 8)
-    (Mesh(X=2, Y=4), Mesh(Y=4), Mesh(Z=2), Mesh(X=2, Y=2, Z=2))
-    """
-    roles = strategies.get(name).roles
-    axes = [ROLE_DEFAULTS[r] for r in roles]
-    if len(roles) == 1:
-        return Mesh({axes[0]: chips})
-    if len(roles) == 2:
-        x = max(d for d in range(1, math.isqrt(chips) + 1) if chips % d == 0)
-        return Mesh({axes[0]: x, axes[1]: chips // x})
-    sizes = [1] * len(roles)  # the prime factors dealt out, the largest to the smallest axis
-    n, p = chips, 2
-    factors = []
-    while n > 1:
-        while n % p == 0:
-            factors.append(p)
-            n //= p
-        p += 1
-    for f in sorted(factors, reverse=True):
-        sizes[sizes.index(min(sizes))] *= f
-    return Mesh(dict(zip(axes, sizes)))
-
-
 # -- tables ------------------------------------------------------------------------------------
 def loss_table(
     runs: dict[str, tuple[Mesh, list[StepResult]]],
@@ -461,14 +441,3 @@ def memory_table(
         "state like stage 3, over their own chips."
     )
     return note + "\n" + table_text(rows, right=range(2, len(header)))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m shardsim.training.cli [options]``: the same as ``shardsim train``."""
-    parser = argparse.ArgumentParser(prog="shardsim train", description=__doc__.split("\n\n")[0])
-    add_train_arguments(parser)
-    return train_command(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
