@@ -16,32 +16,30 @@ from . import operators as _operators  # noqa: F401 - puts the operators on Shar
 from . import specs as _specs  # noqa: F401 - puts the PartitionSpec/placement methods on Layout
 from .array import ShapeDtype, ShardedArray, from_local, shard
 from .collectives import all_gather, all_reduce, all_to_all, ppermute, reduce_scatter
-from .errors import (
-    ArgumentTypeError,
-    CheckpointError,
-    ChipFailureError,
-    CollectiveError,
-    CommandLineError,
-    ConfigError,
-    CostModelError,
-    DivisibilityError,
-    DtypeError,
-    EngineError,
-    EngineUnavailableError,
-    LayoutParseError,
-    MatmulShardingError,
-    MeshAxisError,
-    MeshMismatchError,
-    ModelInputError,
-    OutOfMemoryError,
-    PartialSumError,
-    PlanError,
-    PlannerError,
-    ShapeError,
-    ShapeOnlyError,
-    ShardingError,
-    ShardsimError,
-)
+from .errors import ArgumentTypeError as ArgumentTypeError  # X as X: attributes, for type checkers too, not in __all__
+from .errors import CheckpointError as CheckpointError
+from .errors import ChipFailureError as ChipFailureError
+from .errors import CollectiveError as CollectiveError
+from .errors import CommandLineError as CommandLineError
+from .errors import ConfigError as ConfigError
+from .errors import CostModelError as CostModelError
+from .errors import DivisibilityError as DivisibilityError
+from .errors import DtypeError as DtypeError
+from .errors import EngineError as EngineError
+from .errors import EngineUnavailableError as EngineUnavailableError
+from .errors import LayoutParseError as LayoutParseError
+from .errors import MatmulShardingError as MatmulShardingError
+from .errors import MeshAxisError as MeshAxisError
+from .errors import MeshMismatchError as MeshMismatchError
+from .errors import ModelInputError as ModelInputError
+from .errors import OutOfMemoryError as OutOfMemoryError
+from .errors import PartialSumError as PartialSumError
+from .errors import PlanError as PlanError
+from .errors import PlannerError as PlannerError
+from .errors import ShapeError as ShapeError
+from .errors import ShapeOnlyError as ShapeOnlyError
+from .errors import ShardingError as ShardingError
+from .errors import ShardsimError
 from .layout import Layout
 from .mesh import Mesh
 from .ops import activation, activation_grad, cast, matmul
@@ -96,34 +94,11 @@ __version__ = "0.1.0"
 
 
 __all__ = [
-    "ArgumentTypeError",
-    "CheckpointError",
-    "ChipFailureError",
-    "CollectiveError",
-    "CommandLineError",
-    "ConfigError",
-    "CostModelError",
-    "DivisibilityError",
-    "DtypeError",
-    "EngineError",
-    "EngineUnavailableError",
     "Layout",
-    "LayoutParseError",
-    "MatmulShardingError",
     "Mesh",
-    "MeshAxisError",
-    "MeshMismatchError",
-    "ModelInputError",
-    "OutOfMemoryError",
-    "PartialSumError",
     "Plan",
-    "PlanError",
-    "PlannerError",
     "ShapeDtype",
-    "ShapeError",
-    "ShapeOnlyError",
     "ShardedArray",
-    "ShardingError",
     "ShardsimError",
     "Trace",
     "Trainer",

@@ -88,6 +88,24 @@ def plan(
         _check_cache(cache, cfg, hw, seq, efficiency, links, topology, chosen)
     traced = cache.traced
     state = state_bytes(chosen)
+    space = _plan_space(cfg, hw, chips, batch_tokens, seq, cons)
+    ranked, rejected = _rank_by_bounds(cfg, hw, space, cache, seq, state, usable=hw.hbm_capacity * (1 - cons.headroom))
+    bar = Progress(len(space), enabled=progress)
+    kept, best = _walk(cfg, cache, ranked, rejected, bar, seq=seq, window=window, headroom=cons.headroom, traced=traced)
+    bar.update(considered=len(space), traced=cache.traced - traced, kept=len(kept), force=True)
+    bar.close()
+    kept = _fastest_rows(kept, rejected, best, window)
+    table = PlanTable(cfg, hw, chips, batch_tokens, seq, kept, rejected, len(space), cache.traced - traced,
+                      time.perf_counter() - t0, cons, window)  # fmt: skip
+    if not kept:
+        raise PlannerError(table.no_plan_reason())
+    return table
+
+
+def _plan_space(
+    cfg: TransformerConfig, hw: Hardware, chips: int, batch_tokens: int, seq: int, cons: Constraints
+) -> list[Candidate]:
+    """Step 1: every candidate the constraints allow; none at all is a :class:`PlannerError` naming them."""
     domain = _fast_domain(hw, chips)
     space = list(candidates(cfg, chips=chips, batch_tokens=batch_tokens, seq=seq, domain=domain, constraints=cons))
     if not space:
@@ -95,7 +113,21 @@ def plan(
             f"no plan of {cfg.name or 'the model'} on {chips} chips satisfies the constraints "
             f"{_constraint_text(cons, batch_tokens, seq)}; relax a fixed degree, the batch or the microbatch range"
         )
-    usable = hw.hbm_capacity * (1 - cons.headroom)
+    return space
+
+
+def _rank_by_bounds(
+    cfg: TransformerConfig,
+    hw: Hardware,
+    space: list[Candidate],
+    cache: LayerCache,
+    seq: int,
+    state: tuple[int, int, int],
+    *,
+    usable: float,
+) -> tuple[list[tuple[float, Candidate]], list[Rejection]]:
+    """Step 2, untraced: the candidates whose memory lower bound fits in ``usable`` bytes, by
+    their lower bound of time per token, and the rejections of those that do not."""
     rejected: list[Rejection] = []
     ranked: list[tuple[float, Candidate]] = []
     _, eff = cache.placement(space[0].plan)
@@ -106,7 +138,25 @@ def plan(
             continue
         ranked.append((time_bound(cfg, c, hw, eff, seq=seq) / c.tokens(seq), c))
     ranked.sort(key=lambda lc: lc[0])
-    bar = Progress(len(space), enabled=progress)
+    return ranked, rejected
+
+
+def _walk(
+    cfg: TransformerConfig,
+    cache: LayerCache,
+    ranked: list[tuple[float, Candidate]],
+    rejected: list[Rejection],
+    bar: Progress,
+    *,
+    seq: int,
+    window: float,
+    headroom: float,
+    traced: int,
+) -> tuple[list[PlanEstimate], float]:
+    """Step 3: trace and assemble the ranked candidates in order until the next lower bound is
+    slower than the best kept plan by more than ``window``; the plans that fit and the best
+    time per token. Every candidate left out is added to ``rejected`` with its reason; the
+    counter counts the layers traced since the cache held ``traced``."""
     kept: list[PlanEstimate] = []
     best = float("inf")
     done = len(rejected)
@@ -128,7 +178,7 @@ def plan(
                 if lb >= best * (1 + window):
                     rejected.append(Rejection(c, "bound", lb / best - 1, lb * c.tokens(seq)))
                     continue
-            est = evaluate(cache, c, headroom=cons.headroom)
+            est = evaluate(cache, c, headroom=headroom)
         except ShardsimError as err:  # a combination the program refuses: say so, never hide it
             rejected.append(Rejection(c, "refused", 0.0, None, str(err)))
             continue
@@ -139,21 +189,22 @@ def plan(
             kept.append(est)
             best = min(best, est.step_s / est.tokens)
         bar.update(considered=done + i, traced=cache.traced - traced, kept=len(kept))
-    bar.update(considered=len(space), traced=cache.traced - traced, kept=len(kept), force=True)
-    bar.close()
-    kept.sort(key=lambda e: (e.step_s / e.tokens, e.memory["total"]))
+    return kept, best
+
+
+def _fastest_rows(
+    kept: list[PlanEstimate], rejected: list[Rejection], best: float, window: float
+) -> list[PlanEstimate]:
+    """One row per plan and microbatch, its fastest mesh order, fastest first; a plan slower than
+    the best by more than ``window`` goes to ``rejected`` instead."""
+    kept = sorted(kept, key=lambda e: (e.step_s / e.tokens, e.memory["total"]))
     unique: dict[tuple[str, int], PlanEstimate] = {}
-    for e in kept:  # one row per plan and microbatch: its fastest mesh order
+    for e in kept:
         if e.step_s / e.tokens <= best * (1 + window):
             unique.setdefault((str(e.plan), e.candidate.micro), e)
         else:
             rejected.append(Rejection(e.candidate, "slower", e.step_s / e.tokens / best - 1, e.step_s, e.bound))
-    kept = list(unique.values())
-    table = PlanTable(cfg, hw, chips, batch_tokens, seq, kept, rejected, len(space), cache.traced - traced,
-                      time.perf_counter() - t0, cons, window)  # fmt: skip
-    if not kept:
-        raise PlannerError(table.no_plan_reason())
-    return table
+    return list(unique.values())
 
 
 def check_arguments(
