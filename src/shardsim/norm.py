@@ -1,7 +1,14 @@
-"""The single-device reference for a LayerNorm → MLP → residual block, backward derived by hand.
+"""The single-device norms, LayerNorm and RMSNorm with their backward passes derived by hand,
+and the LayerNorm → MLP → residual block that the MLP schemes ``tp_ln`` and ``tp_sp`` are held to.
+
+This is the one home of the norms on plain NumPy arrays: the transformer's single-device
+reference (:mod:`shardsim.models.reference`, through :mod:`shardsim.models.reference_pieces`)
+and the MLP block below both use these. The sharded norms, on ShardedArrays, are
+:mod:`shardsim.strategies.norms`.
 
 LayerNorm over the last dimension ``D`` of every token (Ba et al. 2016), with weights
-``gamma``, ``beta`` of shape ``[D]``:
+``gamma``, ``beta`` of shape ``[D]``, normalised first and then scaled (as Megatron-LM, Apex
+and PyTorch do):
 
     mu = mean_D(x)      rstd = 1 / sqrt(mean_D((x - mu)^2) + eps)
     xhat = (x - mu) * rstd                    y = gamma * xhat + beta
@@ -9,8 +16,12 @@ LayerNorm over the last dimension ``D`` of every token (Ba et al. 2016), with we
     dbeta = sum_S(dy)    dgamma = sum_S(dy * xhat)    dxhat = dy * gamma
     dx = rstd * (dxhat - mean_D(dxhat) - xhat * mean_D(dxhat * xhat))
 
-The block on tokens ``x[S, D]``: ``Out = x + act(LN(x) @ W_in) @ W_out``. The tests hold both
-backward passes to finite differences.
+RMSNorm (Zhang & Sennrich 2019) is the same without the centring and without ``beta``:
+``rstd = 1 / sqrt(mean_D(x^2) + eps)``, ``xhat = x * rstd``, ``y = gamma * xhat``. The
+weights' gradients sum over every token (every dimension but the last).
+
+The block on tokens ``x[S, D]``: ``Out = x + act(LN(x) @ W_in) @ W_out``. The tests hold every
+backward pass to finite differences.
 
 >>> import numpy as np
 >>> p = init(d_model=4, d_ff=8, seed=0)
@@ -38,11 +49,19 @@ def _stats(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
     return mu, 1.0 / np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
 
 
+def _token_sum(x: np.ndarray) -> np.ndarray:
+    """The sum over every token: ``[..., D] -> [D]``."""
+    return x.reshape(-1, x.shape[-1]).sum(axis=0)
+
+
 def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = EPS) -> np.ndarray:
-    """``gamma * (x - mean) / std + beta`` over the last dimension: normalised first, then scaled.
+    """LayerNorm over the last dimension: ``gamma * (x - mean) / std + beta``, normalised first.
 
     ``gamma * xhat``, not ``(gamma * (x - mean)) * rstd``: the product of a large gain and an
     unnormalised input would overflow while the normalised value is finite.
+
+    >>> layer_norm(np.array([[1.0, 3.0]]), np.ones(2), np.zeros(2), eps=0.0)
+    array([[-1.,  1.]])
     """
     mu, rstd = _stats(x, eps)
     return gamma * ((x - mu) * rstd) + beta
@@ -51,12 +70,49 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = 
 def layer_norm_backward(
     x: np.ndarray, gamma: np.ndarray, dy: np.ndarray, eps: float = EPS
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(dx, dgamma, dbeta)`` for the output cotangent ``dy``."""
+    """``(dx, dgamma, dbeta)`` for the output cotangent ``dy``; the weights' grads summed over tokens.
+
+    >>> dx, dg, db = layer_norm_backward(np.ones((2, 3, 4)), np.ones(4), np.ones((2, 3, 4)))
+    >>> dx.shape, dg.shape, db.tolist()
+    ((2, 3, 4), (4,), [6.0, 6.0, 6.0, 6.0])
+    """
     mu, rstd = _stats(x, eps)
     xhat = (x - mu) * rstd
     dxhat = dy * gamma
     dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True) - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
-    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+    return dx, _token_sum(dy * xhat), _token_sum(dy)
+
+
+def _rstd(x: np.ndarray, eps: float) -> np.ndarray:
+    return 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+
+
+def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float = EPS) -> np.ndarray:
+    """RMSNorm over the last dimension (Zhang & Sennrich 2019): ``gamma * x / sqrt(mean(x²) + eps)``.
+
+    Normalised first, then scaled by gamma, as :func:`layer_norm`: ``gamma * x`` first would
+    overflow for a large gain while the normalised value is finite.
+
+    >>> rms_norm(np.array([[3.0, -3.0]]), np.array([1.0, 2.0]), eps=0.0)
+    array([[ 1., -2.]])
+    """
+    return gamma * (x * _rstd(x, eps))
+
+
+def rms_norm_backward(
+    x: np.ndarray, gamma: np.ndarray, dy: np.ndarray, eps: float = EPS
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(dx, dgamma)``: with ``xhat = x * rstd``, ``dx = rstd * (dxhat - xhat * mean(dxhat * xhat))``.
+
+    >>> dx, dg = rms_norm_backward(np.array([[3.0, -3.0]]), np.ones(2), np.array([[1.0, 1.0]]), eps=0.0)
+    >>> dx.round(6).tolist(), dg.tolist()
+    ([[0.333333, 0.333333]], [1.0, -1.0])
+    """
+    rstd = _rstd(x, eps)
+    xhat = x * rstd
+    dxhat = dy * gamma
+    dx = rstd * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+    return dx, _token_sum(dy * xhat)
 
 
 def init(d_model: int, d_ff: int, seed: int = 0, dtype: Any = "float32") -> Params:

@@ -2,8 +2,10 @@
 
 The single-device reference (:mod:`shardsim.models.reference`) is built from these and from
 :mod:`shardsim.models.reference_attention`, and a sharded program can hold each of its own
-pieces to them. Shapes: ``x [B, S, D]``, logits ``[..., V]``. Cross-entropy runs in float32
-(float64 when an input is float64); everything else keeps the inputs' dtype.
+pieces to them. The norms (``layer_norm``, ``rms_norm`` and their backward passes) are
+:mod:`shardsim.norm`'s, named here too. Shapes: ``x [B, S, D]``, logits ``[..., V]``.
+Cross-entropy runs in float32 (float64 when an input is float64); everything else keeps the
+inputs' dtype.
 
 >>> import numpy as np
 >>> x = np.random.default_rng(0).standard_normal((2, 3, 8))
@@ -16,9 +18,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import norm as _norm
 from ..activations import get as _activation
 from ..errors import ConfigError
+
+# The norms live in shardsim.norm, the one home of the single-device norms; named here too,
+# beside the transformer's other pieces.
+from ..norm import layer_norm as layer_norm
+from ..norm import layer_norm_backward as layer_norm_backward
+from ..norm import rms_norm as rms_norm
+from ..norm import rms_norm_backward as rms_norm_backward
 
 SITES = ("attn_probs", "attn_out", "mlp_out")
 SITE_INDEX = {site: i for i, site in enumerate(SITES)}
@@ -64,64 +72,6 @@ def dropout(x: np.ndarray, keep: np.ndarray | None, p: float) -> np.ndarray:
     if keep is None:
         return x
     return x * keep * (1.0 / (1.0 - p))
-
-
-# -- norms -------------------------------------------------------------------------------------
-def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = 1e-5) -> np.ndarray:
-    """LayerNorm over the last dimension (Ba et al. 2016): ``gamma * (x - mean) / std + beta``.
-
-    >>> layer_norm(np.array([[1.0, 3.0]]), np.ones(2), np.zeros(2), eps=0.0)
-    array([[-1.,  1.]])
-    """
-    return _norm.layer_norm(x, gamma, beta, eps)
-
-
-def layer_norm_backward(
-    x: np.ndarray, gamma: np.ndarray, dy: np.ndarray, eps: float = 1e-5
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(dx, dgamma, dbeta)`` for the output cotangent ``dy``; weights' grads summed over tokens.
-
-    >>> dx, dg, db = layer_norm_backward(np.ones((2, 3, 4)), np.ones(4), np.ones((2, 3, 4)))
-    >>> dx.shape, dg.shape, db.tolist()
-    ((2, 3, 4), (4,), [6.0, 6.0, 6.0, 6.0])
-    """
-    d = x.shape[-1]
-    dx, dgamma, dbeta = _norm.layer_norm_backward(x.reshape(-1, d), gamma, dy.reshape(-1, d), eps)
-    return dx.reshape(x.shape), dgamma, dbeta
-
-
-def _rstd(x: np.ndarray, eps: float) -> np.ndarray:
-    return 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
-
-
-def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float = 1e-5) -> np.ndarray:
-    """RMSNorm over the last dimension (Zhang & Sennrich 2019): ``gamma * x / sqrt(mean(x²) + eps)``.
-
-    Normalised first, then scaled by gamma (as Megatron, Apex and PyTorch do, and as
-    :mod:`shardsim.transformer.norms` does): ``gamma * x`` first would overflow for a large gain
-    while the normalised value is finite.
-
-    >>> rms_norm(np.array([[3.0, -3.0]]), np.array([1.0, 2.0]), eps=0.0)
-    array([[ 1., -2.]])
-    """
-    return gamma * (x * _rstd(x, eps))
-
-
-def rms_norm_backward(
-    x: np.ndarray, gamma: np.ndarray, dy: np.ndarray, eps: float = 1e-5
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(dx, dgamma)``: with ``xhat = x * rstd``, ``dx = rstd * (dxhat - xhat * mean(dxhat * xhat))``.
-
-    >>> dx, dg = rms_norm_backward(np.array([[3.0, -3.0]]), np.ones(2), np.array([[1.0, 1.0]]), eps=0.0)
-    >>> dx.round(6).tolist(), dg.tolist()
-    ([[0.333333, 0.333333]], [1.0, -1.0])
-    """
-    rstd = _rstd(x, eps)
-    xhat = x * rstd
-    dxhat = dy * gamma
-    dx = rstd * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
-    d = x.shape[-1]
-    return dx, (dy * xhat).reshape(-1, d).sum(axis=0)
 
 
 # -- MLP nonlinearities ------------------------------------------------------------------------

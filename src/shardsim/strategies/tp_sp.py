@@ -45,34 +45,27 @@ from .. import norm
 from ..array import ShardedArray
 from ..collectives import all_gather, all_reduce, reduce_scatter
 from ..errors import ShardingError
-from ..ops import map_blocks, sum_dim
+from . import norms
 from .base import Ctx, Grads, Params, Saved, Scheme, check_dout, shape_of
 
 
-# -- LayerNorm on whatever tokens a chip holds (D is never split) ------------------------------
+# -- LayerNorm on whatever tokens a chip holds (D is never split): shardsim.strategies.norms ----
 def layer_norm(x: ShardedArray, gamma: ShardedArray, beta: ShardedArray) -> tuple[ShardedArray, Saved]:
-    """``gamma * (x - mu) * rstd + beta`` per token; every op is local (the sums run over D)."""
-    d = x.global_shape[-1]
-    mu = (sum_dim(x, "D", keepdims=True) / d).named("mu")  # [S, 1]
-    xc = x - mu
-    var = sum_dim(xc * xc, "D", keepdims=True) / d
-    rstd = map_blocks(var + norm.EPS, lambda v: 1.0 / np.sqrt(v), "rsqrt", label="rstd")  # [S, 1]
-    y = (xc * rstd * gamma + beta).named("LN out")
-    return y, {"LN in": x, "mu": mu, "rstd": rstd}
+    """``gamma * (x - mu) * rstd + beta`` per token; every op is local (the sums run over D).
+
+    The statistics are kept for the backward pass, as Apex's fused LayerNorm keeps its mean and invvar.
+    """
+    mu, rstd = norms.statistics("layernorm", x, norm.EPS)  # [S, 1] each
+    assert mu is not None  # a LayerNorm's statistics have a mean
+    y = norms.forward("layernorm", x, gamma, beta, norm.EPS, norms.Stats(mu, rstd)).named("LN out")
+    return y, {"LN in": x, "mu": mu.named("mu"), "rstd": rstd}
 
 
 def layer_norm_backward(saved: Saved, dy: ShardedArray, gamma: ShardedArray) -> tuple[ShardedArray, Grads]:
     """``dx`` and the weights' gradients; over tokens split on Y those are partial ``{U_Y}``."""
-    x, mu, rstd = saved["LN in"], saved["mu"], saved["rstd"]
-    d = x.global_shape[-1]
-    xhat = (x - mu) * rstd
-    dgamma = sum_dim(dy * xhat, "S", label="dgamma")  # [D], a sum over the tokens
-    dbeta = sum_dim(dy, "S", label="dbeta")
-    dxhat = dy * gamma
-    mean1 = sum_dim(dxhat, "D", keepdims=True) / d
-    mean2 = sum_dim(dxhat * xhat, "D", keepdims=True) / d
-    dx = ((dxhat - mean1 - xhat * mean2) * rstd).named("dx LN")
-    return dx, {"gamma": dgamma, "beta": dbeta}
+    stats = norms.Stats(saved["mu"], saved["rstd"])
+    dx, grads = norms.backward("layernorm", saved["LN in"], gamma, dy, norm.EPS, stats)
+    return dx.named("dx LN"), grads
 
 
 # -- tp_ln: Megatron's f and g --------------------------------------------------------------------
