@@ -64,6 +64,11 @@ class Stage(Protocol):
 
     ``layer`` is the model layer's index: layer ``i`` of virtual stage ``k`` is ``k·n + i`` with
     ``n`` layers per virtual stage; ``j`` is the microbatch, ``stage`` the pipe coordinate.
+    :class:`PipelineStep` (an MLP stack) is one; the transformer under ``pp > 1`` has another.
+
+    >>> sorted(name for name in vars(Stage) if not name.startswith("_"))  # doctest: +NORMALIZE_WHITESPACE
+    ['accumulate', 'backward_in', 'backward_layer', 'backward_out', 'finish', 'forward_in',
+     'forward_layer', 'forward_out', 'message', 'ready']
     """
 
     def ready(self) -> bool:
@@ -79,7 +84,7 @@ class Stage(Protocol):
         ...
 
     def forward_out(self, j: int, x: ShardedArray) -> None:
-        """The last virtual stage's output of microbatch ``j`` (the output, or the loss's head)."""
+        """The last virtual stage's output of microbatch ``j``: kept as the step's, or fed to the loss."""
         ...
 
     def backward_in(self, stage: int, j: int) -> tuple[ShardedArray, Values]:
