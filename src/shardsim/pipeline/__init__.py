@@ -7,7 +7,18 @@
 
 from __future__ import annotations
 
-from .execute import Executed, PipelineStep
+from .execute import Executed, Pipeline, PipelineStep, Stage
 from .schedule import Item, Schedule, gpipe, interleaved, make, one_f_one_b
 
-__all__ = ["Executed", "Item", "PipelineStep", "Schedule", "gpipe", "interleaved", "make", "one_f_one_b"]
+__all__ = [
+    "Executed",
+    "Item",
+    "Pipeline",
+    "PipelineStep",
+    "Schedule",
+    "Stage",
+    "gpipe",
+    "interleaved",
+    "make",
+    "one_f_one_b",
+]

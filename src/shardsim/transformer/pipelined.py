@@ -3,7 +3,9 @@
 Each stage is the set of chips at one coordinate of the pipe axis; its layers' weights are
 held there only, the embedding on the first stage, the final norm and LM head on the last.
 The plan's schedule (:mod:`shardsim.pipeline.schedule`: GPipe, 1F1B or interleaved 1F1B with
-``virtual_stages`` chunks per stage) orders the items (Narayanan et al. 2021, §2.2):
+``virtual_stages`` chunks per stage) orders the items, and the pipeline executor
+(:class:`shardsim.pipeline.execute.Pipeline`) runs them, the stage program below computing
+each (Narayanan et al. 2021, §2.2):
 
     F(virtual stage k, microbatch j):
         1. x = embed(tokens_j) (k = 0) or the activation stage k-1 sent
@@ -27,13 +29,12 @@ from typing import Any
 import numpy as np
 
 from ..array import ShardedArray
-from ..collectives import ppermute
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..pieces import split
+from ..pipeline.execute import Pipeline, Values
 from ..pipeline.schedule import make
 from ..plans import Plan
-from ..tracing import item as in_item
 from ..tracing import layer, phase, trace
 from . import checks, context_parallel
 from .blocks import layer_backward, layer_forward
@@ -41,6 +42,77 @@ from .embedding import embed_backward, embed_forward, head_backward, head_forwar
 from .roles import Roles
 from .run import ModelResult, _compute_dtype, _Gradients, _tokens, place_weights
 from .step import Step
+
+
+class _ModelStage:
+    """The transformer's stage program: the embedding on the first stage, a chunk of blocks on
+    each, the final norm, LM head and loss on the last; gradients summed over the microbatches.
+
+    ``steps`` are the microbatches' steps (each cuts its dropout masks from the whole batch's),
+    ``tokens`` and ``targets`` their pieces, ``grads`` the accumulator the step reduces after the
+    flush. ``losses`` collects each microbatch's loss (none when shape-only).
+    """
+
+    def __init__(
+        self,
+        steps: list[Step],
+        tokens: list[ShardedArray],
+        targets: list[ShardedArray],
+        grads: _Gradients,
+        dtype: np.dtype,
+        n_tokens: int,
+    ) -> None:
+        self.steps, self.tokens, self.targets, self.grads = steps, tokens, targets, grads
+        self.dtype, self.n_tokens = dtype, n_tokens
+        self.full_recompute = steps[0].roles.recompute == "full"
+        self.shape_only = tokens[0].is_shape_only
+        self.heads: dict[int, Values] = {}
+        self.losses: list[float] = []
+        self.held: Values = {}
+
+    def ready(self) -> bool:
+        return True  # the last stage's dOut is its own loss's gradient
+
+    def forward_in(self, stage: int, j: int) -> ShardedArray:
+        return embed_forward(self.steps[j], self.tokens[j])
+
+    def forward_layer(self, i: int, j: int, x: ShardedArray) -> tuple[ShardedArray, Values]:
+        with layer(i):
+            x, saved = layer_forward(self.steps[j], i, x)
+        if self.full_recompute:  # only the block's input: the backward recomputes the rest
+            saved = {"attn.x": saved["attn.x"]}
+        return x, saved
+
+    def forward_out(self, j: int, x: ShardedArray) -> None:
+        parts, self.heads[j] = head_forward(self.steps[j], x, self.targets[j])
+        if not self.shape_only:
+            self.losses.append(loss_value(parts))
+
+    def backward_in(self, stage: int, j: int) -> tuple[ShardedArray, Values]:
+        return head_backward(self.steps[j], self.heads.pop(j), self.targets[j], self.dtype, tokens=self.n_tokens)
+
+    def backward_layer(self, i: int, j: int, saved: Values, dx: ShardedArray) -> tuple[ShardedArray, Values]:
+        step = self.steps[j]
+        with layer(i):
+            if self.full_recompute:
+                with phase("recompute"):
+                    saved = layer_forward(step, i, saved["attn.x"])[1]
+            return layer_backward(step, i, saved, dx)
+
+    def accumulate(self, layer: int, grads: Values) -> None:
+        # the latest gradients stay referenced until the next ones replace them: the ledger's
+        # temporaries count a microbatch's addends that long
+        self.held = grads
+        self.grads.add(grads)
+
+    def backward_out(self, j: int, g: ShardedArray) -> None:
+        self.grads.add(embed_backward(self.steps[j], self.tokens[j], g))
+
+    def message(self, kind: str, j: int) -> str:
+        return "x" if kind == "F" else "dx"
+
+    def finish(self) -> None:
+        self.grads.flush()  # after the pipeline flush: one reduction over the data axis
 
 
 def run_pipelined(
@@ -60,7 +132,6 @@ def run_pipelined(
     pipe = plan.axis("pipe")
     assert pipe is not None
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
-    per_virtual = cfg.layers // (p * v)
     roles = Roles.of(plan, cfg.n_kv)
     dtype = _compute_dtype(plan, params)
     weights = place_weights(cfg, plan, mesh, params, dtype)
@@ -70,72 +141,29 @@ def run_pipelined(
         tokens, targets = context_parallel.permuted(tokens, rows_), context_parallel.permuted(targets, rows_)
         pos = context_parallel.positions(mesh, roles, rows_)
     tok, tgt = _tokens(mesh, roles, tokens, "tokens"), _tokens(mesh, roles, targets, "targets")
-    tok_mb, tgt_mb = split(tok, "B", m), split(tgt, "B", m)
     schedule = make(plan.schedule, p, m, v)
-    base = Step(cfg, roles, weights, dropout_seed, rows=rows_, positions=pos)
-    grads = _Gradients(base, s, accumulate=True)
-    sent: dict[tuple[str, int, int], ShardedArray] = {}
-    kept: dict[tuple[int, int], list[dict[str, ShardedArray]]] = {}
-    heads: dict[int, dict[str, ShardedArray]] = {}
-    stored: list[np.ndarray] = [np.zeros(mesh.shape, np.int64)] * cfg.layers
-    stored_values: list[dict[str, int]] = [{} for _ in range(cfg.layers)]
-    losses: list[float] = []
-    last = p * v - 1
+    steps = [Step(cfg, roles, weights, dropout_seed, micro=(j, m), rows=rows_, positions=pos) for j in range(m)]
+    grads = _Gradients(Step(cfg, roles, weights, dropout_seed, rows=rows_, positions=pos), s, accumulate=True)
+    stage = _ModelStage(steps, split(tok, "B", m), split(tgt, "B", m), grads, dtype, b * s)
+    # what a stage keeps stays an activation; events name their item, which the cost model reads,
+    # and count in the step's one trace (a failed chip's trace event is the step's)
+    pipeline = Pipeline(
+        schedule, mesh, pipe, cfg.layers // (p * v), category="activations", measure=False, tag_items=True
+    )
     mesh.memory.reset_peak()
     with trace() as t:
-        for item in sorted(schedule.items):
-            k, j = schedule.virtual_stage(item), item.microbatch
-            step = Step(cfg, roles, weights, dropout_seed, micro=(j, m), rows=rows_, positions=pos)
-            layers = range(k * per_virtual, (k + 1) * per_virtual)
-            if item.kind == "F":
-                with phase("forward"), in_item(f"F{k}.{j}"):
-                    x = embed_forward(step, tok_mb[j]) if k == 0 else sent.pop(("F", k, j))
-                    stash = []
-                    for i in layers:
-                        before = mesh.memory.live("activations")
-                        with layer(i):
-                            x, saved = layer_forward(step, i, x)
-                        if roles.recompute == "full":
-                            saved = {"attn.x": saved["attn.x"]}
-                        stash.append(saved)
-                        del saved
-                        if j == 0:
-                            stored[i] = mesh.memory.live("activations") - before
-                            stored_values[i] = {n: a.local_nbytes for n, a in stash[-1].items()}
-                    kept[(k, j)] = stash
-                    if k == last:
-                        parts, heads[j] = head_forward(step, x, tgt_mb[j])
-                        if not tok.is_shape_only:
-                            losses.append(loss_value(parts))
-                        del parts
-                    else:
-                        sent[("F", k + 1, j)] = ppermute(x, pipe, 1, label="x")
-                    del x
-            else:
-                with phase("backward"), in_item(f"B{k}.{j}"):
-                    if k == last:
-                        dx, g = head_backward(step, heads.pop(j), tgt_mb[j], dtype, tokens=b * s)
-                        grads.add(g)
-                    else:
-                        dx = sent.pop(("B", k, j))
-                    stash = kept.pop((k, j))
-                    for i in reversed(layers):
-                        saved = stash.pop()
-                        with layer(i):
-                            if roles.recompute == "full":
-                                with phase("recompute"):
-                                    saved = layer_forward(step, i, saved["attn.x"])[1]
-                            dx, g = layer_backward(step, i, saved, dx)
-                        del saved
-                        grads.add(g)
-                    if k == 0:
-                        grads.add(embed_backward(step, tok_mb[j], dx))
-                    else:
-                        sent[("B", k - 1, j)] = ppermute(dx, pipe, -1, label="dx")
-                    del dx
-        with phase("backward"):
-            grads.flush()  # after the pipeline flush: one reduction over the data axis
+        pipeline.run(stage)
     ordered = {key: grads.done[key] for key in params}
-    loss = None if tok.is_shape_only else float(np.mean(losses))
+    loss = None if tok.is_shape_only else float(np.mean(stage.losses))
     global_grads = None if tok.is_shape_only else {key: g.to_global() for key, g in ordered.items()}
-    return ModelResult(loss, global_grads, ordered, t, mesh.memory, stored, stored_values, mesh.memory.peak())
+    zeros = np.zeros(mesh.shape, np.int64)
+    return ModelResult(
+        loss=loss,
+        grads=global_grads,
+        sharded_grads=ordered,
+        trace=t,
+        memory=mesh.memory,
+        stored=[pipeline.stored.get(i, zeros) for i in range(cfg.layers)],
+        stored_values=[pipeline.stored_values.get(i, {}) for i in range(cfg.layers)],
+        peak=mesh.memory.peak(),
+    )
