@@ -392,7 +392,7 @@ def run_mlp(
         if role not in strategy.roles and plan.degree(role) > 1:
             raise PlanError(
                 f"{name} has no {role} role, and plan {plan} sets {DEGREE[role]}={plan.degree(role)}: "
-                f"leave scheme= unset for the plan's own scheme ({scheme_of(plan, model)!r} if one runs it)"
+                "leave scheme= unset for the scheme that runs the plan (scheme_of(plan, model))"
             )
     axes = axes_of(plan, name)
     for role, axis in axes.items():
