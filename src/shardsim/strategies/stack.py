@@ -12,8 +12,8 @@ gradient to the input's): a stack of blocks with a skip connection around each.
 
 >>> import numpy as np, shardsim
 >>> r = shardsim.run_strategy("tp", shardsim.Mesh(Y=2), shardsim.mlp.init(4, 8), np.ones((2, 4)), np.ones((2, 4)))
->>> [p for p, _ in [(e.phase, e.op) for e in r.trace.events]][:1], len(r.stored), sorted(r.stored_values[0])
-(['forward'], 1, ['H', 'H_pre'])
+>>> r.trace.events[0].phase, len(r.stored), sorted(r.stored_values[0])
+('forward', 1, ['H', 'H_pre', 'In (gathered)'])
 """
 
 from __future__ import annotations
