@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ShardingError
+from ..errors import ConfigError, PlanError, ShardingError
 from ..mesh import Mesh
 from . import ddp, ep, fsdp, fsdp_tp, pp, tp, tp_sp, zero
-from .base import Ctx, Scheme
-from .runner import StrategyResult, run
+from .base import Ctx, Scheme, shape_of
+from .result import RunResult, StepMemory
+from .runner import StrategyResult, prepare, run
 
 _REGISTRY: dict[str, Scheme] = {m.SCHEME.name: m.SCHEME for m in (ddp, fsdp, tp, fsdp_tp)}
 
@@ -55,7 +56,7 @@ def run_strategy(
     axes: Mapping[str, str] | None = None,
     residual: bool = False,
     **options: Any,
-) -> StrategyResult:
+) -> RunResult:
     """Run scheme ``name`` forward and backward on ``mesh`` and report what it did.
 
     ``params`` is ``{"w_in": [D, F], "w_out": [F, D]}`` and ``x``, ``dout`` are ``[B, D]``, all
@@ -68,41 +69,84 @@ def run_strategy(
     blocks, the scheme's per-layer steps layer after layer; with ``residual`` each block
     adds its input. ``grads`` then has ``[L, ...]`` weight gradients.
 
+    A scheme that is a plan on the MLP is run as that: :func:`plan_of` on ``mesh``, the
+    :class:`~shardsim.models.mlp.MLP` the params are the weights of (:func:`mlp_for`'s
+    sizes), through :func:`~shardsim.transformer.run_model`; the result is the same type a
+    transformer's step gives.
+
     >>> import numpy as np, shardsim
     >>> p = shardsim.mlp.init(8, 16)
     >>> r = run_strategy("ddp", shardsim.Mesh(X=2), p, np.ones((4, 8)), np.ones((4, 8)))
     >>> r.trace.collectives("backward")
     [('all_reduce', ('X',)), ('all_reduce', ('X',))]
+    >>> r.plan, r.model.layers
+    (Plan.parse('dp=2,data_axis=X'), 1)
     """
-    return run(get(name), mesh, params, x, dout, activation=activation, axes=axes, residual=residual, **options)
+    scheme = get(name)
+    ready = prepare(scheme, mesh, params, x, dout, activation, axes, residual, **options)  # its checks come first
+    on_mlp = _plan_and_model(name, mesh, ready.ctx.axes, params, activation, options)
+    if on_mlp is None:
+        return run(scheme, mesh, params, x, dout, activation=activation, axes=axes, residual=residual, **options)
+    from ..transformer.run import run_model  # the transformer's package reads this one
+
+    plan, model = on_mlp
+    result = run_model(model, plan, mesh, params, x, dout, residual=residual, options=options, scheme=name)
+    result.axes = dict(ready.ctx.axes)  # the roles in the order the caller named them
+    return result
+
+
+def _plan_and_model(
+    name: str, mesh: Mesh, axes: Mapping[str, str], params: Mapping[str, Any], activation: str, options: Any
+) -> tuple[Any, Any] | None:
+    """Scheme ``name``'s plan on ``mesh`` and the MLP ``params`` are the weights of, or None for a
+    scheme of its own, or options no plan says as they are given (a schedule or microbatch
+    count only the scheme judges, a number of chunks its weights do not have): those run on
+    the scheme directly, which answers in its own words."""
+    if name not in SETTINGS:
+        return None
+    try:
+        plan = plan_of(name, mesh, axes, **options)
+        model = mlp_of(name, params, activation)
+    except (PlanError, ConfigError, ValueError):
+        return None
+    if name == "pp_interleaved" and shape_of(params["w_in"])[-4] != plan.virtual_stages:
+        return None
+    return plan, model
 
 
 from .plans import (  # noqa: E402  (reads the registry)
+    SETTINGS,
     axes_of,
     init_of,
     min_layers,
     mlp_for,
+    mlp_of,
     options_of,
     plan_of,
     reference_of,
+    run_mlp,
     scheme_of,
     weights_of,
 )
 
 __all__ = [
     "Ctx",
+    "RunResult",
     "Scheme",
+    "StepMemory",
     "StrategyResult",
     "axes_of",
     "get",
     "init_of",
     "min_layers",
     "mlp_for",
+    "mlp_of",
     "names",
     "options_of",
     "plan_of",
     "reference_of",
     "register",
+    "run_mlp",
     "run_strategy",
     "scheme_of",
     "weights_of",

@@ -25,14 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..array import ShapeDtype
+from ..array import ShapeDtype, require_mesh
 from ..dtypes import resolve_dtype
-from ..errors import ConfigError, PlanError
+from ..errors import ArgumentTypeError, ConfigError, PlanError
 from ..layout import Layout
 from ..mesh import Mesh
 from ..models.mlp import MLP
-from .base import ROLE_DEFAULTS, Ctx, Scheme
-from .runner import resolve_axes, stack_depth
+from .base import ROLE_DEFAULTS, Ctx, Scheme, shape_of
+from .result import RunResult
+from .runner import resolve_axes, run, stack_depth, weight_names
 
 if TYPE_CHECKING:
     from ..plans import Plan
@@ -317,3 +318,99 @@ def reference_of(
         dout = dout + g["x"] if residual else g["x"]
     grads.reverse()
     return x, {"x": dout, **{k: np.stack([g[k] for g in grads]) for k in params}}
+
+
+def mlp_of(name: str, params: Mapping[str, Any], activation: str = "identity") -> MLP:
+    """The :class:`~shardsim.models.mlp.MLP` whose weights under scheme ``name`` are ``params``: its
+    sizes read off the scheme's layouts (D, F, E; a pipeline's L and C), its layers off a stack.
+
+    >>> mlp_of("tp_ln", init_of("tp_ln", MLP(4, 8, layers=3, norm=True)))
+    MLP(d_model=4, d_ff=8, layers=3, activation='identity', norm=True, experts=0, top_k=2)
+    >>> mlp_of("pp_interleaved", init_of("pp_interleaved", MLP(4, 8, layers=4))).layers
+    4
+    """
+    scheme = _scheme(name)
+    lay = scheme.layouts(Ctx(axes=dict(ROLE_DEFAULTS)))
+    keys = weight_names(scheme, lay, params)
+    parsed = {k: Layout.parse(lay[k], _AXES) for k in keys}
+    depth = stack_depth(params, {k: v.rank for k, v in parsed.items()})
+    sizes: dict[str, int] = {}
+    for k, layout in parsed.items():
+        sizes.update(zip((d.name for d in layout.dims), shape_of(params[k])[0 if depth is None else 1 :]))
+    layers = sizes.get("L", 1) * sizes.get("C", 1) * (depth or 1)
+    experts = sizes["E"] if "router" in lay else 0
+    return MLP(sizes["D"], sizes["F"], layers, activation, "gamma" in lay, experts, min(2, experts) if experts else 2)
+
+
+def run_mlp(
+    model: MLP,
+    plan: Plan | str,
+    mesh: Mesh,
+    params: Mapping[str, Any],
+    x: Any,
+    dout: Any,
+    *,
+    activation: str | None = None,
+    residual: bool = False,
+    recompute: bool = False,
+    options: Mapping[str, Any] | None = None,
+    scheme: str | None = None,
+) -> RunResult:
+    """One forward and backward of ``model`` under ``plan``: :func:`~shardsim.transformer.run_model` of an MLP.
+
+    The step is the MLP scheme's that runs ``plan`` (``scheme``: a name of your choosing among
+    those that run it, e.g. ``zero3`` for ``fsdp``'s plan, or a scheme whose degrees of 1 the
+    plan cannot tell apart, e.g. ``tp`` on one chip), its roles on the plan's mesh axes;
+    ``params`` are its weights for ``model`` (:func:`init_of`), ``x`` and the output's gradient
+    ``dout`` are ``[B, D]``. ``activation`` defaults to the model's; with ``residual`` each
+    block adds its input; with ``recompute`` each block keeps only its input and runs its
+    forward again in the backward pass. ``options`` are the scheme's own (default: the plan's
+    schedule and microbatches, :func:`options_of`; given, they are the options as they are).
+
+    >>> from shardsim.plans import Plan
+    >>> m, plan = MLP(4, 8, layers=2), Plan(dp=2, zero=2)
+    >>> x = np.ones((2, 4))
+    >>> r = run_mlp(m, plan, plan.mesh(), init_of("zero2", m), x, x)
+    >>> r.scheme, r.loss, r.grads["w_in"].shape
+    ('zero2', None, (2, 4, 8))
+    """
+    from ..plans import DEGREE, ROLES, Plan
+
+    if isinstance(plan, str):
+        plan = Plan.parse(plan)
+    if not isinstance(plan, Plan):
+        raise ArgumentTypeError(
+            "run_model: plan must be a shardsim.plans.Plan or a plan string such as 'dp=2,tp=2', "
+            f"got {type(plan).__name__}"
+        )
+    require_mesh(mesh, "mesh", "run_model")
+    name = scheme_of(plan, model) if scheme is None else scheme
+    strategy = _scheme(name)
+    if name not in SETTINGS:
+        raise PlanError(f"{name} is a scheme of its own, not a plan on the MLP; the plans are of {list(SETTINGS)}")
+    for role in ROLES:
+        if role not in strategy.roles and plan.degree(role) > 1:
+            raise PlanError(
+                f"{name} has no {role} role, and plan {plan} sets {DEGREE[role]}={plan.degree(role)}: "
+                "leave scheme= unset for the scheme that runs the plan (scheme_of(plan, model))"
+            )
+    axes = axes_of(plan, name)
+    for role, axis in axes.items():
+        if axis not in mesh.axis_names or mesh.axis_size(axis) != plan.degree(role):
+            has = f"has {mesh.axis_size(axis)} chips on it" if axis in mesh.axis_names else "has no such axis"
+            raise PlanError(
+                f"plan {plan} sets {DEGREE[role]}={plan.degree(role)} on mesh axis {axis!r}, and {mesh} {has}; "
+                f"use plan.mesh() = {plan.mesh()}"
+            )
+    held = mlp_of(name, params, model.activation)
+    if held.scaled(top_k=model.top_k) != model:
+        raise ConfigError(f"{name}'s params {_shapes(params)} are the weights of {held}, not of {model}")
+    chosen = options_of(plan, name) if options is None else dict(options)
+    act = model.activation if activation is None else activation
+    return run(
+        strategy, mesh, params, x, dout, act, axes, residual, recompute=recompute, plan=plan, model=model, **chosen
+    )
+
+
+def _shapes(params: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(shape_of(v)) for k, v in params.items()}

@@ -14,7 +14,7 @@ True
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,34 +23,12 @@ from ..array import ShapeDtype, ShardedArray, require_mesh, shard
 from ..errors import ArgumentTypeError, MeshAxisError, ShardingError
 from ..layout import Layout
 from ..mesh import Mesh
-from ..ops import add
-from ..tracing import Trace, phase, trace
+from ..tracing import phase
 from .base import ROLE_DEFAULTS, Ctx, Grads, Params, Saved, Scheme, shape_of
+from .result import RunResult
+from .stack import Stepped, backward_layers, forward_layers, run_step
 
-
-@dataclass
-class StrategyResult:
-    """What one forward+backward run of a scheme shows.
-
-    ``out`` and ``grads`` (``x``, ``w_in``, ``w_out``) are global NumPy arrays (None for a
-    shape-only run); ``trace`` has every collective and matmul with phase forward or
-    backward; ``memory`` is each chip's peak bytes by category during the run (above what
-    was live before it), shape ``mesh.shape``, plus ``"total"``; ``activations`` the
-    per-chip bytes of each activation the forward pass stores for the backward pass;
-    ``layouts`` the layouts of the inputs, weights, output and gradients. For a stack of
-    blocks the weight gradients are ``[L, ...]``, the layouts are one block's (every block has
-    the same) and the activations are named per block (``H_pre.0``, ``H_pre.1``...).
-    """
-
-    scheme: str
-    mesh: Mesh
-    out: np.ndarray | None
-    grads: dict[str, np.ndarray] | None
-    trace: Trace
-    memory: dict[str, np.ndarray]
-    activations: dict[str, int]
-    layouts: dict[str, str]
-    axes: dict[str, str] = field(default_factory=dict)
+StrategyResult = RunResult  # the name every scheme's result has had; one class with the transformer's
 
 
 def resolve_axes(scheme: Scheme, mesh: Mesh, axes: Mapping[str, str] | None) -> dict[str, str]:
@@ -89,7 +67,19 @@ def resolve_axes(scheme: Scheme, mesh: Mesh, axes: Mapping[str, str] | None) -> 
     return chosen
 
 
-def run(
+@dataclass
+class Prepared:
+    """A scheme's run checked and laid out, before anything is placed: what :func:`prepare` gives."""
+
+    scheme: Scheme
+    ctx: Ctx
+    layouts: dict[str, str]
+    names: list[str]
+    depth: int | None
+    per_layer: list[dict[str, Any]]
+
+
+def prepare(
     scheme: Scheme,
     mesh: Mesh,
     params: Mapping[str, Any],
@@ -99,12 +89,15 @@ def run(
     axes: Mapping[str, str] | None = None,
     residual: bool = False,
     **options: Any,
-) -> StrategyResult:
-    """Run ``scheme``'s forward and backward once; see :func:`shardsim.run_strategy`.
+) -> Prepared:
+    """Every check of a run of ``scheme``, in the order a user meets them, and its layouts and blocks.
 
-    Params of one more dimension (``w_in`` ``[L, D, F]``, ``w_out`` ``[L, F, D]``) are a stack
-    of ``L`` blocks: the scheme's per-layer steps run layer after layer (with ``residual``,
-    each block adds its input), each layer's weights sharded with the scheme's layout.
+    >>> import numpy as np, shardsim
+    >>> from shardsim import strategies
+    >>> x = np.ones((2, 4))
+    >>> p = prepare(strategies.get("ddp"), shardsim.Mesh(X=2), shardsim.mlp.init(4, 8), x, x)
+    >>> p.names, p.depth, p.ctx.axes
+    (['w_in', 'w_out'], None, {'data': 'X'})
     """
     chosen = resolve_axes(scheme, mesh, axes)
     check_residual(scheme, residual)
@@ -112,56 +105,152 @@ def run(
     lay = scheme.layouts(ctx)
     names = weight_names(scheme, lay, params)
     depth = stack_depth(params, block_ranks(lay, mesh, names))
-    per_layer = [params] if depth is None else [layer_of(params, i) for i in range(depth)]
+    per_layer = [dict(params)] if depth is None else [layer_of(params, i) for i in range(depth)]
     if scheme.check_shapes is not None:
         scheme.check_shapes(per_layer[0], x, dout)
-    ledger = mesh.memory
-    before = ledger.snapshot()["live"]
-    ledger.reset_peak()
-    with trace() as t:
-        xs = _shard(scheme, x, mesh, lay["x"], "In", "activations")
-        layers = [
-            {k: _shard(scheme, p[k], mesh, lay[k], weight_label(k, i, depth), "params") for k in names}
-            for i, p in enumerate(per_layer)
+    return Prepared(scheme, ctx, dict(lay), names, depth, per_layer)
+
+
+def run(
+    scheme: Scheme,
+    mesh: Mesh,
+    params: Mapping[str, Any],
+    x: Any,
+    dout: Any,
+    activation: str = "identity",
+    axes: Mapping[str, str] | None = None,
+    residual: bool = False,
+    *,
+    recompute: bool = False,
+    plan: Any = None,
+    model: Any = None,
+    **options: Any,
+) -> RunResult:
+    """Run ``scheme``'s forward and backward once; see :func:`shardsim.run_strategy`.
+
+    Params of one more dimension (``w_in`` ``[L, D, F]``, ``w_out`` ``[L, F, D]``) are a stack
+    of ``L`` blocks: the scheme's per-layer steps run layer after layer (with ``residual``,
+    each block adds its input), each layer's weights sharded with the scheme's layout. With
+    ``recompute`` each block keeps only its input and runs its forward again in the backward
+    pass. ``plan`` and ``model`` are what the result names (the run reads neither).
+    """
+    ready = prepare(scheme, mesh, params, x, dout, activation, axes, residual, **options)
+    step = SchemeStep(ready, mesh, x, dout, residual=residual, recompute=recompute)
+    stepped = run_step(step)
+    return step.result(stepped, plan, model)
+
+
+class SchemeLayers:
+    """A scheme's per-layer steps over blocks of sharded weights: an MLP stack's layer program
+    (see :mod:`shardsim.strategies.stack`). Each block's weight gradients, moved to the ledger
+    category ``grads``, are in ``grads``."""
+
+    def __init__(
+        self,
+        scheme: Scheme,
+        ctx: Ctx,
+        layers: Sequence[Params],
+        *,
+        residual: bool = False,
+        recompute: bool = False,
+    ) -> None:
+        self.scheme, self.ctx, self.layers = scheme, ctx, list(layers)
+        self.depth, self.residual, self.recompute = len(self.layers), residual, recompute
+        self.grads: list[Grads] = [{} for _ in self.layers]
+
+    def layer_forward(self, i: int, x: ShardedArray) -> tuple[ShardedArray, Saved]:
+        y, kept = self.scheme.forward(self.ctx, x, self.layers[i])
+        return y, ({"In": x} if self.recompute else kept)  # with recompute, H_pre and H die here
+
+    def layer_backward(self, i: int, kept: Mapping[str, ShardedArray], dx: ShardedArray) -> tuple[ShardedArray, Grads]:
+        if self.recompute:
+            with phase("recompute"):
+                kept = self.scheme.forward(self.ctx, kept["In"], self.layers[i])[1]  # its output dies at once
+        return self.scheme.backward(self.ctx, kept, dx, self.layers[i])  # type: ignore[arg-type]
+
+    def layer_gradients(self, i: int, grads: Mapping[str, ShardedArray]) -> None:
+        for v in grads.values():
+            v.as_category("grads")
+        self.grads[i] = dict(grads)
+
+
+class SchemeStep(SchemeLayers):
+    """One run of a scheme on global inputs: its blocks placed with the scheme's layouts, ``x``
+    in and ``dout`` as the output's gradient; :meth:`result` reads the run back."""
+
+    def __init__(
+        self, ready: Prepared, mesh: Mesh, x: Any, dout: Any, *, residual: bool = False, recompute: bool = False
+    ) -> None:
+        super().__init__(ready.scheme, ready.ctx, [], residual=residual, recompute=recompute)
+        self.ready, self.mesh, self.x, self.dout = ready, mesh, x, dout
+        self.depth = len(ready.per_layer)
+
+    def place(self) -> None:
+        r = self.ready
+        self.xs = _shard(r.scheme, self.x, self.mesh, r.layouts["x"], "In", "activations")
+        self.layers = [
+            {k: _shard(r.scheme, p[k], self.mesh, r.layouts[k], weight_label(k, i, r.depth), "params") for k in r.names}
+            for i, p in enumerate(r.per_layer)
         ]
-        with phase("forward"):
-            out, saved = forward_stack(scheme, ctx, xs, layers, residual=residual)
-        stored = {
-            (name if depth is None else f"{name}.{i}"): v.local_nbytes
-            for i, sv in enumerate(saved)
-            for name, v in sv.items()
+        self.grads = [{} for _ in self.layers]
+
+    def start(self) -> ShardedArray:
+        return self.xs
+
+    def finish_forward(self, x: ShardedArray) -> None:
+        self.out = x
+
+    def start_backward(self) -> ShardedArray:
+        self.douts = _shard(self.scheme, self.dout, self.mesh, self.ready.layouts["out"], "dOut", "activations")
+        return self.douts
+
+    def finish_backward(self, dx: ShardedArray) -> None:
+        self.dx = dx
+        self.grads = [reduce_gradients(self.scheme, self.ctx, g) for g in self.grads]
+
+    def result(self, stepped: Stepped, plan: Any = None, model: Any = None) -> RunResult:
+        """The run as a :class:`RunResult`: global output and gradients, layouts, the stored activations."""
+        r, depth = self.ready, self.ready.depth
+        layouts = {
+            "x": str(self.xs.layout),
+            **{k: str(v.layout) for k, v in self.layers[0].items()},
+            "out": str(self.out.layout),
+            "dx": str(self.dx.layout),
+            **{f"d{k}": str(g.layout) for k, g in self.grads[0].items()},
         }
-        douts = _shard(scheme, dout, mesh, lay["out"], "dOut", "activations")
-        with phase("backward"):
-            dx, grads = backward_stack(scheme, ctx, saved, douts, layers, residual=residual)
-            grads = [reduce_gradients(scheme, ctx, g) for g in grads]
-    peaks = ledger.snapshot()["peak"]
-    memory = {c: peaks[c] - before.get(c, 0) for c in peaks}
-    layouts = {
-        "x": str(xs.layout),
-        **{k: str(v.layout) for k, v in layers[0].items()},
-        "out": str(out.layout),
-        "dx": str(dx.layout),
-        **{f"d{k}": str(g.layout) for k, g in grads[0].items()},
-    }
-    shape_only = xs.is_shape_only
-    result_grads = None
-    if not shape_only:
-        result_grads = {"x": np.array(dx.to_global())}
-        for k in names:
-            blocks = [np.array(g[k].to_global()) for g in grads]
-            result_grads[k] = blocks[0] if depth is None else np.stack(blocks)
-    return StrategyResult(
-        scheme=scheme.name,
-        mesh=mesh,
-        out=None if shape_only else np.array(out.to_global()),
-        grads=result_grads,
-        trace=t,
-        memory=memory,
-        activations={"In": xs.local_nbytes, **stored, "Out": out.local_nbytes},
-        layouts=layouts,
-        axes=chosen,
-    )
+        stored = {
+            (name if depth is None else f"{name}.{i}"): n
+            for i, values in enumerate(stepped.stored_values)
+            for name, n in values.items()
+        }
+        sharded = {"x": self.dx}
+        for i, g in enumerate(self.grads):
+            sharded.update({(k if depth is None else f"{k}.{i}"): v for k, v in g.items()})
+        shape_only = self.xs.is_shape_only
+        grads = None
+        if not shape_only:
+            grads = {"x": np.array(self.dx.to_global())}
+            for k in r.names:
+                blocks = [np.array(g[k].to_global()) for g in self.grads]
+                grads[k] = blocks[0] if depth is None else np.stack(blocks)
+        return RunResult(
+            loss=None,
+            grads=grads,
+            sharded_grads=sharded,
+            trace=stepped.trace,
+            memory=stepped.memory,
+            stored=stepped.stored,
+            stored_values=stepped.stored_values,
+            peak=self.mesh.memory.peak(),
+            out=None if shape_only else np.array(self.out.to_global()),
+            activations={"In": self.xs.local_nbytes, **stored, "Out": self.out.local_nbytes},
+            layouts=layouts,
+            axes=dict(self.ctx.axes),
+            scheme=self.scheme.name,
+            model=model,
+            plan=plan,
+            mesh=self.mesh,
+        )
 
 
 def check_residual(scheme: Scheme, residual: bool) -> None:
@@ -254,14 +343,11 @@ def forward_stack(
     >>> [list(s) for s in saved]
     [['In'], ['In'], ['In']]
     """
-    saved: list[Saved] = []
-    for params in layers:
-        y, kept = scheme.forward(ctx, x, params)
-        saved.append({"In": x} if recompute else kept)
-        del kept  # with recompute, H_pre and H die here
-        x = add(x, y, label="Out") if residual else y
-        del y
-    return x, saved
+    stack = SchemeLayers(scheme, ctx, layers, residual=residual, recompute=recompute)
+    first = [x]
+    del x  # handed over, not held here: the first block's input dies when that block is done with it
+    out, kept, _, _ = forward_layers(stack, first.pop())
+    return out, kept  # type: ignore[return-value]
 
 
 def backward_stack(
@@ -280,20 +366,13 @@ def backward_stack(
     kept input (trace phase ``recompute``). Returns ``dIn`` and each block's gradients,
     moved to the ledger category ``grads``.
     """
-    grads: list[Grads] = [{} for _ in layers]
-    for i in reversed(range(len(layers))):
-        kept, saved[i] = saved[i], {}
-        if recompute:
-            with phase("recompute"):
-                kept = scheme.forward(ctx, kept["In"], layers[i])[1]  # its output dies at once
-        dx, g = scheme.backward(ctx, kept, dout, layers[i])
-        del kept
-        for v in g.values():
-            v.as_category("grads")
-        grads[i] = g
-        dout = add(dout, dx, label="dOut") if residual else dx
-        del dx
-    return dout, grads
+    stack = SchemeLayers(scheme, ctx, layers, residual=residual, recompute=recompute)
+    kept: list[Mapping[str, ShardedArray]] = list(saved)
+    saved[:] = [{} for _ in saved]  # handed to the stack, which frees each block's as it goes
+    first = [dout]
+    del dout  # handed over, as the input is to the forward
+    dx = backward_layers(stack, kept, first.pop())
+    return dx, stack.grads
 
 
 def reduce_gradients(scheme: Scheme, ctx: Ctx, grads: Grads) -> Grads:

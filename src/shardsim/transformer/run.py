@@ -24,47 +24,32 @@ True
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..array import ShapeDtype, ShardedArray, shard
+from ..array import ShapeDtype, ShardedArray
 from ..collectives import all_reduce, reduce_scatter
-from ..errors import ShardingError
-from ..layout import Layout
-from ..memory import MemoryLedger
+from ..errors import ArgumentTypeError
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..models.inputs import check_params
+from ..models.mlp import MLP
 from ..plans import Plan
-from ..tracing import Trace, layer, phase, trace
+from ..strategies.result import RunResult
+from ..strategies.stack import Stepped, run_step
+from ..tracing import layer, phase
 from ..training.precision import Precision
 from . import checks, context_parallel
 from .blocks import layer_backward, layer_forward
 from .embedding import embed_backward, embed_forward, head_backward, head_forward, loss_value
 from .local import dim, rows
+from .placement import place_value as _place
+from .placement import place_weights
 from .roles import Roles
 from .step import Step
 
-
-@dataclass
-class ModelResult:
-    """What one step gives: ``loss`` (None when shape-only), ``grads`` (global NumPy arrays with
-    the reference's keys; None when shape-only), ``sharded_grads`` (as the plan leaves them:
-    split over the data axis under ZeRO-2/3), ``trace``, ``memory`` (the mesh's ledger),
-    ``stored`` (per layer, each chip's bytes of activations kept for backward, shape
-    ``mesh.shape``), ``stored_values`` (per layer, the kept values' bytes per chip that holds
-    them, by name) and ``peak`` (each chip's peak bytes during the step, from the ledger)."""
-
-    loss: float | None
-    grads: dict[str, np.ndarray] | None
-    sharded_grads: dict[str, ShardedArray]
-    trace: Trace
-    memory: MemoryLedger
-    stored: list[np.ndarray] = field(default_factory=list)
-    stored_values: list[dict[str, int]] = field(default_factory=list)
-    peak: np.ndarray | None = None
+ModelResult = RunResult  # the transformer's name for the one result of a step
 
 
 def _compute_dtype(plan: Plan, params: Mapping[str, Any]) -> np.dtype:
@@ -72,67 +57,6 @@ def _compute_dtype(plan: Plan, params: Mapping[str, Any]) -> np.dtype:
         return Precision.of(plan.precision).compute
     first = next(iter(params.values()))
     return np.dtype(first.dtype)
-
-
-def _place(mesh: Mesh, value: Any, layout: str, label: str, dtype: np.dtype, category: str) -> ShardedArray:
-    if isinstance(value, ShapeDtype):
-        value = ShapeDtype(value.shape, dtype)
-    else:
-        value = np.asarray(value).astype(dtype, copy=False)
-    try:
-        return shard(value, mesh, layout, label=label, category=category)
-    except ShardingError as e:
-        raise type(e)(f"{label} as {layout}: {e}") from None
-
-
-def stage_of(cfg: TransformerConfig, plan: Plan, key: str) -> int:
-    """The pipeline stage holding weight ``key``: its layer's (interleaved: its chunk's), the
-    embedding's on the first stage, the final norm's and LM head's on the last."""
-    p = plan.pp
-    if key.startswith("layers."):
-        return (int(key.split(".")[1]) // (cfg.layers // (p * plan.virtual_stages))) % p
-    return 0 if key in ("embed", "pos_embed") else p - 1
-
-
-def place_weights(
-    cfg: TransformerConfig,
-    plan: Plan,
-    mesh: Mesh,
-    params: Mapping[str, Any],
-    dtype: Any,
-    *,
-    layout: Any = None,
-    category: str = "params",
-) -> dict[str, ShardedArray]:
-    """Each weight in ``dtype`` and its layout (``layout(key)``, by default the plan's storage
-    layout), held under ``pp > 1`` by its stage only. A :class:`ShardedArray` already in that
-    layout (a trainer's own weights) is used as it is.
-
-    >>> from shardsim.models import TransformerConfig
-    >>> cfg = TransformerConfig(layers=2, d_model=8, heads=2, d_ff=16, vocab=8, seq=4)
-    >>> plan = Plan(pp=2)
-    >>> shapes = {k: ShapeDtype(s) for k, s in cfg.param_shapes().items()}
-    >>> w = place_weights(cfg, plan, plan.mesh(), shapes, "float32")
-    >>> int(w["layers.1.attn.wq"].holders[1]), int(w["layers.1.attn.wq"].holders[0])
-    (1, 0)
-    """
-    from ..pieces import place
-
-    roles = Roles.of(plan, cfg.n_kv)
-    layout_of = layout or roles.weight_layout
-    pipe = plan.axis("pipe")
-    out = {}
-    for key, value in params.items():
-        want = layout_of(key)
-        if isinstance(value, ShardedArray):
-            if value.mesh is not mesh or str(value.layout) != str(Layout.parse(want, mesh.axis_names)):
-                raise ShardingError(f"weight {key} is {value.describe()}; run_model needs it as {want} on {mesh}")
-            out[key] = value
-            continue
-        whole = _place(mesh, value, want, key, np.dtype(dtype), category)
-        out[key] = whole if pipe is None else place(whole, label=key, **{pipe: stage_of(cfg, plan, key)})
-        del whole  # the stage's copy is the only one
-    return out
 
 
 def _tokens(mesh: Mesh, roles: Roles, value: Any, label: str) -> ShardedArray:
@@ -193,81 +117,136 @@ class _Gradients:
         return reduce_scatter(g, over, r.shard_dim(key), label=f"d{key}")
 
 
+class _ModelStep:
+    """The transformer's layer program (see :mod:`shardsim.strategies.stack`): the embedding, the
+    blocks (their residuals their own), the LM head and its loss; gradients reduced as they come."""
+
+    residual = False
+
+    def __init__(self, cfg: TransformerConfig, plan: Plan, mesh: Mesh, params: Mapping[str, Any], seq: int) -> None:
+        self.cfg, self.plan, self.mesh, self.params, self.seq, self.depth = cfg, plan, mesh, params, seq, cfg.layers
+        self.roles, self.dtype = Roles.of(plan, cfg.n_kv), _compute_dtype(plan, params)
+        self.loss: float | None = None
+        self.held: dict[str, ShardedArray] = {}
+
+    def inputs(self, tokens: Any, targets: Any, dropout_seed: int | None) -> _ModelStep:
+        self.tokens, self.targets, self.dropout_seed = tokens, targets, dropout_seed
+        return self
+
+    def place(self) -> None:
+        cfg, plan, mesh, roles, s = self.cfg, self.plan, self.mesh, self.roles, self.seq
+        weights = place_weights(cfg, plan, mesh, self.params, self.dtype)
+        tokens, targets, rows_, pos = self.tokens, self.targets, None, None
+        if roles.context is not None:  # the sequence in its context-parallel order, up front
+            rows_ = context_parallel.order(s, plan.cp, balanced=plan.cp_balanced)
+            tokens, targets = context_parallel.permuted(tokens, rows_), context_parallel.permuted(targets, rows_)
+            pos = context_parallel.positions(mesh, roles, rows_)
+        self.tok, self.tgt = _tokens(mesh, roles, tokens, "tokens"), _tokens(mesh, roles, targets, "targets")
+        self.step = Step(cfg, roles, weights, self.dropout_seed, rows=rows_, positions=pos)
+        self.grads = _Gradients(self.step, s)
+
+    def start(self) -> ShardedArray:
+        return embed_forward(self.step, self.tok)
+
+    def layer_forward(self, i: int, x: ShardedArray) -> tuple[ShardedArray, dict[str, ShardedArray]]:
+        with layer(i):
+            x, saved = layer_forward(self.step, i, x)
+        if self.roles.recompute == "full":
+            saved = {"attn.x": saved["attn.x"]}  # the block input only
+        return x, saved
+
+    def finish_forward(self, x: ShardedArray) -> None:
+        parts, self.head_saved = head_forward(self.step, x, self.tgt)
+        self.loss = None if self.tok.is_shape_only else loss_value(parts)
+
+    def start_backward(self) -> ShardedArray:
+        dx, g = head_backward(self.step, self.head_saved, self.tgt, self.dtype)
+        self.layer_gradients(self.depth, g)
+        return dx
+
+    def layer_backward(
+        self, i: int, saved: Mapping[str, ShardedArray], dx: ShardedArray
+    ) -> tuple[ShardedArray, dict[str, ShardedArray]]:
+        with layer(i):
+            if self.roles.recompute == "full":
+                with phase("recompute"):
+                    saved = layer_forward(self.step, i, saved["attn.x"])[1]  # its output dies at once
+            return layer_backward(self.step, i, saved, dx)  # type: ignore[arg-type]
+
+    def layer_gradients(self, i: int, grads: Mapping[str, ShardedArray]) -> None:
+        # a layer's unreduced gradients are let go when the next layer's arrive
+        self.held = dict(grads)
+        self.grads.add(self.held)
+
+    def finish_backward(self, dx: ShardedArray) -> None:
+        self.grads.add(embed_backward(self.step, self.tok, dx))
+
+    def result(self, stepped: Stepped) -> ModelResult:
+        ordered = {k: self.grads.done[k] for k in self.params}
+        shape_only = self.tok.is_shape_only
+        return ModelResult(
+            self.loss,
+            None if shape_only else {k: v.to_global() for k, v in ordered.items()},
+            ordered,
+            stepped.trace,
+            stepped.memory,
+            stepped.stored,
+            stepped.stored_values,
+            self.mesh.memory.peak(),
+            activations={f"{k}.{i}": n for i, values in enumerate(stepped.stored_values) for k, n in values.items()},
+            layouts={f"d{k}": str(v.layout) for k, v in ordered.items()},
+            axes={r: a for r, a in self.plan.axes().items() if self.plan.degree(r) > 1},
+            model=self.cfg,
+            plan=self.plan,
+            mesh=self.mesh,
+        )
+
+
 def run_model(
-    cfg: TransformerConfig,
+    model: TransformerConfig | MLP,
     plan: Plan | str,
     mesh: Mesh,
     params: Mapping[str, Any],
-    tokens: Any,
+    inputs: Any,
     targets: Any,
     *,
     dropout_seed: int | None = None,
+    **mlp: Any,
 ) -> ModelResult:
-    """One forward and backward of ``cfg`` under ``plan`` on ``mesh``; see the module docstring.
+    """One forward and backward of ``model`` under ``plan`` on ``mesh``; see the module docstring.
 
     ``plan`` is a :class:`~shardsim.plans.Plan` or a plan string (read by ``Plan.parse``).
-    ``params`` has the reference's keys (:func:`shardsim.models.reference.init`), as NumPy
-    arrays or :class:`~shardsim.ShapeDtype`; ``tokens`` / ``targets`` are ``[B, S]`` ids (or
-    ShapeDtype). Dropout runs when ``cfg.dropout > 0`` and ``dropout_seed`` is given, with the
-    reference's masks.
+    For a :class:`~shardsim.models.TransformerConfig`, ``params`` has the reference's keys
+    (:func:`shardsim.models.reference.init`), as NumPy arrays or :class:`~shardsim.ShapeDtype`;
+    ``inputs`` / ``targets`` are the ``[B, S]`` token ids and targets (or ShapeDtype). Dropout
+    runs when ``cfg.dropout > 0`` and ``dropout_seed`` is given, with the reference's masks.
+
+    For a :class:`~shardsim.models.mlp.MLP`, ``inputs`` is ``x`` and ``targets`` the output's
+    gradient ``dout`` (``[B, D]``), ``params`` the scheme's weights, and the step is the MLP
+    scheme's that runs the plan (:func:`shardsim.strategies.scheme_of`); its keywords
+    (``activation``, ``residual``, ``recompute``, ``options``, ``scheme``) are those of
+    :func:`shardsim.strategies.run_mlp`.
     """
+    if isinstance(model, MLP):
+        from ..strategies.plans import run_mlp
+
+        checks.check_dropout_seed(dropout_seed)  # the MLP has no dropout: a seed changes nothing
+        return run_mlp(model, plan, mesh, params, inputs, targets, **mlp)
+    if mlp:
+        raise ArgumentTypeError(
+            f"run_model: {sorted(mlp)} are keywords of an MLP's step (run_model(MLP(...), ...)); a transformer's "
+            "step takes dropout_seed only"
+        )
+    cfg = model
     plan = checks.check_arguments(cfg, plan, mesh)
     dropout_seed = checks.check_dropout_seed(dropout_seed)
     checks.check_plan(plan, mesh)
     check_params(cfg, params)  # the reference's own check: one list of weights, one message
-    _, s = checks.check_tokens(cfg, plan, tokens, targets)
+    _, s = checks.check_tokens(cfg, plan, inputs, targets)
     checks.check_model(cfg, plan, s, dropout_on=dropout_seed is not None and cfg.dropout > 0.0)
     if plan.pp > 1:
         from .pipelined import run_pipelined
 
-        return run_pipelined(cfg, plan, mesh, params, tokens, targets, dropout_seed=dropout_seed)
-    roles = Roles.of(plan, cfg.n_kv)
-    dtype = _compute_dtype(plan, params)
-    weights = place_weights(cfg, plan, mesh, params, dtype)
-    rows_, pos = None, None
-    if roles.context is not None:  # the sequence in its context-parallel order, up front
-        rows_ = context_parallel.order(s, plan.cp, balanced=plan.cp_balanced)
-        tokens, targets = context_parallel.permuted(tokens, rows_), context_parallel.permuted(targets, rows_)
-        pos = context_parallel.positions(mesh, roles, rows_)
-    tok, tgt = _tokens(mesh, roles, tokens, "tokens"), _tokens(mesh, roles, targets, "targets")
-    step = Step(cfg, roles, weights, dropout_seed, rows=rows_, positions=pos)
-    grads = _Gradients(step, s)
-    stored: list[np.ndarray] = []
-    stored_values: list[dict[str, int]] = []
-    mesh.memory.reset_peak()
-    with trace() as t:
-        with phase("forward"):
-            x = embed_forward(step, tok)
-            kept: list[dict[str, ShardedArray]] = []
-            for i in range(cfg.layers):
-                before = mesh.memory.live("activations")
-                with layer(i):
-                    x, saved = layer_forward(step, i, x)
-                if roles.recompute == "full":
-                    saved = {"attn.x": saved["attn.x"]}  # the block input only
-                kept.append(saved)
-                del saved
-                stored.append(mesh.memory.live("activations") - before)
-                stored_values.append({k: v.local_nbytes for k, v in kept[-1].items()})
-            parts, head_saved = head_forward(step, x, tgt)
-            del x
-        loss = None if tok.is_shape_only else loss_value(parts)
-        del parts
-        with phase("backward"):
-            dx, g = head_backward(step, head_saved, tgt, dtype)
-            grads.add(g)
-            for i in reversed(range(cfg.layers)):
-                saved, kept[i] = kept[i], {}
-                with layer(i):
-                    if roles.recompute == "full":
-                        with phase("recompute"):
-                            saved = layer_forward(step, i, saved["attn.x"])[1]  # its output dies at once
-                    dx, g = layer_backward(step, i, saved, dx)
-                del saved
-                grads.add(g)
-            grads.add(embed_backward(step, tok, dx))
-            del dx
-    out = grads.done
-    ordered = {k: out[k] for k in params}
-    global_grads = None if tok.is_shape_only else {k: v.to_global() for k, v in ordered.items()}
-    return ModelResult(loss, global_grads, ordered, t, mesh.memory, stored, stored_values, mesh.memory.peak())
+        return run_pipelined(cfg, plan, mesh, params, inputs, targets, dropout_seed=dropout_seed)
+    program = _ModelStep(cfg, plan, mesh, params, s).inputs(inputs, targets, dropout_seed)
+    return program.result(run_step(program))

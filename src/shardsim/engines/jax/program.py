@@ -34,6 +34,7 @@ from ...errors import EngineError, MeshAxisError
 from ...layout import Layout
 from ...mesh import Mesh
 from ...strategies.base import Ctx, Scheme
+from ...strategies.result import StepMemory
 from ...strategies.runner import StrategyResult, backward_stack, forward_stack, reduce_gradients, resolve_axes
 from ...tracing import Trace, phase, trace
 from .kernels import JAX
@@ -218,14 +219,16 @@ def run_strategy(
     t: Trace
     with trace() as t:
         out, grads = fn(*args)
-    peaks = ledger.snapshot()["peak"]
     return StrategyResult(
+        loss=None,
+        grads={k: fetch(v) for k, v in grads.items()},
+        sharded_grads={},  # the program's values live on the JAX devices, not on the simulated mesh
+        trace=t,
+        memory=StepMemory.since(ledger, before),
+        peak=ledger.peak(),
+        out=fetch(out),
         scheme=name,
         mesh=prog.mesh,
-        out=fetch(out),
-        grads={k: fetch(v) for k, v in grads.items()},
-        trace=t,
-        memory={c: peaks[c] - before.get(c, 0) for c in peaks},
         activations=stats["activations"],
         layouts=dict(prog.layouts),
         axes=dict(prog.ctx.axes),
