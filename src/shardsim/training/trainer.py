@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import traceback
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,7 +44,6 @@ from ..array import ShardedArray
 from ..errors import ArgumentTypeError, ConfigError, PlanError, ShardingError
 from ..mesh import Mesh
 from ..models import MLP, TransformerConfig
-from ..plans import Plan
 from ..strategies import zero
 from ..strategies.base import Ctx, Params, Scheme
 from ..strategies.runner import (
@@ -67,6 +66,9 @@ from .scaling import DynamicLossScale, ScaleState
 from .state import own_all, place, shape_of, zeros_like
 from .update import Slots, Undo, roll_back, state_slice, update_weight
 
+if TYPE_CHECKING:
+    from ..plans import Plan  # the plan module reads the training package's precisions
+
 __all__ = [
     "MODEL_STATE",
     "Checkpointed",
@@ -79,7 +81,7 @@ __all__ = [
 ]
 
 # the keywords of an MLP's step that a transformer takes from its config and plan instead
-MLP_KEYWORDS = ("loss_scale", "activation", "residual", "recompute", "axes", "engine")
+MLP_KEYWORDS = ("activation", "residual", "recompute", "axes", "engine")
 
 
 class Trainer(Checkpointed):
@@ -182,15 +184,18 @@ class Trainer(Checkpointed):
     ) -> None:
         if isinstance(model, TransformerConfig):
             plan, mesh, params, optimizer = _positional("Trainer(cfg, ...)", args, ("plan", "mesh", "params"), options)
-            given = {"loss_scale": loss_scale, "activation": activation, "axes": axes, "recompute": recompute}
+            given = {"activation": activation, "axes": axes, "recompute": recompute}
             given |= {"residual": residual or None, "engine": None if engine == "numpy" else engine}
             wrong = [k for k in MLP_KEYWORDS if given[k] is not None] + sorted(set(options) - {"dropout_seed"})
             if wrong:
                 raise TypeError(
-                    f"Trainer of a transformer takes precision, reduce_dtype and dropout_seed, not {wrong}: "
+                    f"Trainer of a transformer takes precision, reduce_dtype, dropout_seed (and loss_scale, which it "
+                    f"refuses), not {wrong}: "
                     "its activation, recomputation and axes are its config's and plan's"
                 )
-            self._init_model(model, plan, mesh, params, optimizer, "Trainer", precision, reduce_dtype, **options)
+            self._init_model(
+                model, plan, mesh, params, optimizer, "Trainer", precision, reduce_dtype, loss_scale, **options
+            )
             return
         mlp_model = None
         if isinstance(model, MLP):
@@ -301,6 +306,7 @@ class Trainer(Checkpointed):
         who: str,
         precision: str | Precision | None = None,
         reduce_dtype: Any = None,
+        loss_scale: float | str | DynamicLossScale | None = None,
         dropout_seed: int | None = None,
     ) -> None:
         """A transformer's state under ``plan``: the weights in the plan's storage layouts, held by
@@ -321,7 +327,7 @@ class Trainer(Checkpointed):
         self.optimizer = as_optimizer(optimizer)
         if precision is None:
             precision = plan.precision or Precision(np.dtype(next(iter(params.values())).dtype))
-        self.precision = Precision.of(precision, reduce=reduce_dtype)
+        self.precision = Precision.of(precision, reduce=reduce_dtype, loss_scale=loss_scale)
         if self.precision.checks_overflow:
             raise PlanError(
                 f"precision {self.precision}: the transformer's step has no loss scaling yet, which float16 "
@@ -546,6 +552,8 @@ def _positional(
 
 def _plan(plan: Any) -> Plan:
     """A plan, or a plan string read by :meth:`Plan.parse`."""
+    from ..plans import Plan
+
     if isinstance(plan, str):
         return Plan.parse(plan)
     if not isinstance(plan, Plan):
