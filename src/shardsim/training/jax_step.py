@@ -40,9 +40,13 @@ from ..ops import cast
 from ..strategies.runner import backward_stack, forward_stack, reduce_gradients
 from ..tracing import Trace, phase, trace
 from .loss import mse_terms
+from .mlp_step import reductions_in
+from .result import MODEL_STATE, StepResult
+from .state import place
+from .update import state_slice
 
 if TYPE_CHECKING:
-    from .trainer import StepResult, Trainer
+    from .trainer import Trainer
 
 SUPPORTED = ("ddp", "fsdp", "tp", "fsdp_tp", "zero1", "zero2", "zero3")
 
@@ -83,50 +87,40 @@ class JaxStep:
 
         from ..engines.jax.kernels import JAX
         from ..engines.jax.placement import put, sharding
-        from .trainer import _reductions_in, state_slice
 
         t = self.trainer
         mesh, scheme, ctx, opt = self.mesh, t.scheme, t.ctx, t.optimizer
-        nm, lay, state_lay = len(mesh.shape), t.layouts, t.state_layouts
+        lay, state_lay = t.layouts, t.state_layouts
         shapes = [{k: v.global_shape for k, v in block.items()} for block in t.params]
         prec = t.precision
         stats = self._stats
-        gather = getattr(scheme, "gather_params", None)
-
-        def value(block: Any, layout: str, shape: tuple[int, ...], label: str | None, category: str) -> ShardedArray:
-            data = block.reshape((1,) * nm + tuple(block.shape))
-            return ShardedArray(mesh, Layout.parse(layout), shape, np.dtype(block.dtype), data, label=label,
-                                category=category)
-
-        def local(v: ShardedArray) -> Any:
-            return v.compact().reshape(v.local_shape)
 
         def body(
             weights: list, masters: list, moments: list, xb: Any, tb: Any, factors: Any
         ) -> tuple[list, list, list, Any]:
-            with engines.use(JAX), _reductions_in(prec, t.ctx, scheme):  # reduce_dtype, as on NumPy
+            with engines.use(JAX), reductions_in(prec, t.ctx, scheme):  # reduce_dtype, as on NumPy
                 params = [
-                    {k: value(b[k], lay[k], shapes[i][k], t.params[i][k].label, "params") for k in t.names}
+                    {k: _value(mesh, b[k], lay[k], shapes[i][k], t.params[i][k].label, "params") for k in t.names}
                     for i, b in enumerate(weights)
                 ]
                 master = [  # mixed precision: the float32 masters the optimizer updates, in the state's layout
-                    {k: value(b[k], state_lay[k], shapes[i][k], t.params[i][k].label, "optimizer") for k in b}
+                    {k: _value(mesh, b[k], state_lay[k], shapes[i][k], t.params[i][k].label, "optimizer") for k in b}
                     for i, b in enumerate(masters)
                 ]
                 moms = [
-                    {k: {s: value(m[k][s], state_lay[k], shapes[i][k], None, "optimizer") for s in m[k]}
+                    {k: {s: _value(mesh, m[k][s], state_lay[k], shapes[i][k], None, "optimizer") for s in m[k]}
                      for k in t.names}
                     for i, m in enumerate(moments)
                 ]
-                xs = value(xb, lay["x"], x.shape, "In", "activations")
+                xs = _value(mesh, xb, lay["x"], x.shape, "In", "activations")
                 with phase("forward"):
                     out, saved = forward_stack(scheme, ctx, xs, params, residual=t.residual, recompute=t.recompute)
                 del xs
                 stats["stored"] = mesh.memory.live("activations")
-                ts = value(tb, lay["out"], target.shape, "Target", "activations")
+                ts = _value(mesh, tb, lay["out"], target.shape, "Target", "activations")
                 with phase("loss"):
                     total, dout = mse_terms(out, ts)
-                loss = local(total)
+                loss = _local(total)
                 del out, ts, total
                 hand_over = [dout]  # so the backward pass holds the only reference and frees it
                 del dout
@@ -135,41 +129,9 @@ class JaxStep:
                         scheme, ctx, saved, hand_over.pop(), params, residual=t.residual, recompute=t.recompute
                     )
                     del dx
-                stats["model_state"] = {c: mesh.memory.live(c) for c in ("params", "grads", "optimizer")}
-                new_w: list[dict[str, Any]] = []
-                new_master: list[dict[str, Any]] = []
-                new_m: list[dict[str, Any]] = []
-                kept = []  # the updated masters, alive to the end as the NumPy trainer's (updated in place)
+                stats["model_state"] = {c: mesh.memory.live(c) for c in MODEL_STATE}
                 with phase("optimizer"):
-                    for i in range(len(grads)):
-                        g = reduce_gradients(scheme, ctx, grads[i])
-                        stats["grad_layouts"] = {k: str(v.layout) for k, v in g.items()}
-                        sliced, mine, mastered, local_w = {}, {}, {}, {}
-                        for k in t.names:
-                            w = master[i][k] if prec.mixed else state_slice(params[i][k], state_lay[k])
-                            state = {s: m.compact() for s, m in moms[i][k].items()}
-                            data, state = opt.apply(w.compact(), g.pop(k).compact(), state, factors)
-                            spec_w = (w.layout, w.global_shape, w.dtype, w.label, w.local_shape)
-                            mine[k] = {s: v.reshape(spec_w[4]) for s, v in state.items()}
-                            del w
-                            if not prec.mixed:
-                                params[i][k] = None  # type: ignore[assignment]  # updated in place, as on NumPy
-                                sliced[k] = ShardedArray(mesh, *spec_w[:3], data, label=spec_w[3], category="params")
-                                continue
-                            mastered[k] = data.reshape(spec_w[4])
-                            if gather is None:  # the 16-bit weights: a rounded copy of the masters (untraced)
-                                local_w[k] = data.astype(prec.compute).reshape(spec_w[4])
-                                continue
-                            master[i][k] = None  # type: ignore[assignment]
-                            updated = ShardedArray(mesh, *spec_w[:3], data, label=spec_w[3], category="optimizer")
-                            kept.append(updated)
-                            params[i][k] = None  # type: ignore[assignment]  # the gather below refills it
-                            sliced[k] = cast(updated, prec.compute, category="params", label=spec_w[3])
-                        if gather is not None:
-                            sliced = gather(ctx, sliced)  # 3. AllGather the updated weights
-                        new_w.append({**{k: local(v) for k, v in sliced.items()}, **local_w})
-                        new_master.append(mastered)
-                        new_m.append(mine)
+                    new_w, new_master, new_m = self._update(params, master, moms, grads, factors)
             return new_w, new_master, new_m, loss
 
         spec = lambda layout: sharding(self.jmesh, layout).spec  # noqa: E731
@@ -182,10 +144,52 @@ class JaxStep:
         mapped = jax.shard_map(body, mesh=self.jmesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
         return jax.jit(mapped)
 
+    def _update(
+        self, params: list[Any], master: list[Any], moms: list[Any], grads: list[Any], factors: Any
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        """Inside the program: every chip updates the optimizer state it holds, block by block, and
+        under ZeRO-1/2 the updated weights are AllGathered; the new weights, masters and moments
+        come back as each chip's local blocks."""
+        t, mesh, prec = self.trainer, self.mesh, self.trainer.precision
+        scheme, ctx, opt, state_lay = t.scheme, t.ctx, t.optimizer, t.state_layouts
+        gather = getattr(scheme, "gather_params", None)
+        new_w: list[dict[str, Any]] = []
+        new_master: list[dict[str, Any]] = []
+        new_m: list[dict[str, Any]] = []
+        kept = []  # the updated masters, alive to the end as the NumPy trainer's (updated in place)
+        for i in range(len(grads)):
+            g = reduce_gradients(scheme, ctx, grads[i])
+            self._stats["grad_layouts"] = {k: str(v.layout) for k, v in g.items()}
+            sliced, mine, mastered, local_w = {}, {}, {}, {}
+            for k in t.names:
+                w = master[i][k] if prec.mixed else state_slice(params[i][k], state_lay[k])
+                state = {s: m.compact() for s, m in moms[i][k].items()}
+                data, state = opt.apply(w.compact(), g.pop(k).compact(), state, factors)
+                spec_w = (w.layout, w.global_shape, w.dtype, w.label, w.local_shape)
+                mine[k] = {s: v.reshape(spec_w[4]) for s, v in state.items()}
+                del w
+                if not prec.mixed:
+                    params[i][k] = None  # updated in place, as on NumPy
+                    sliced[k] = ShardedArray(mesh, *spec_w[:3], data, label=spec_w[3], category="params")
+                    continue
+                mastered[k] = data.reshape(spec_w[4])
+                if gather is None:  # the 16-bit weights: a rounded copy of the masters (untraced)
+                    local_w[k] = data.astype(prec.compute).reshape(spec_w[4])
+                    continue
+                master[i][k] = None
+                updated = ShardedArray(mesh, *spec_w[:3], data, label=spec_w[3], category="optimizer")
+                kept.append(updated)
+                params[i][k] = None  # the gather below refills it
+                sliced[k] = cast(updated, prec.compute, category="params", label=spec_w[3])
+            if gather is not None:
+                sliced = gather(ctx, sliced)  # 3. AllGather the updated weights
+            new_w.append({**{k: _local(v) for k, v in sliced.items()}, **local_w})
+            new_master.append(mastered)
+            new_m.append(mine)
+        return new_w, new_master, new_m
+
     # -- one step ---------------------------------------------------------------------------
     def __call__(self, x: Any, target: Any) -> StepResult:
-        from .trainer import StepResult, _place
-
         t = self.trainer
         _check_alive(t)  # the program runs on devices the failed chips do not stand for: refuse first
         dtype, state_dtype = t.precision.compute, t.precision.state_dtype
@@ -202,13 +206,13 @@ class JaxStep:
         for i, block in enumerate(new_w):  # the trainer's state is the step's result
             for k, v in block.items():
                 label = t.params[i][k].label or k
-                t.params[i][k] = _place(_host(v), t.mesh, t.layouts[k], dtype, label, "params")
+                t.params[i][k] = place(_host(v), t.mesh, t.layouts[k], dtype, label, "params")
                 if t.precision.mixed:
-                    t.master[i][k] = _place(
+                    t.master[i][k] = place(
                         np.asarray(new_master[i][k]), t.mesh, t.state_layouts[k], state_dtype, label, "optimizer"
                     )
                 for s, m in new_m[i][k].items():
-                    t.moments[i][k][s] = _place(
+                    t.moments[i][k][s] = place(
                         np.asarray(m), t.mesh, t.state_layouts[k], state_dtype, label, "optimizer"
                     )
         t.step_count += 1
@@ -252,6 +256,19 @@ class JaxStep:
         factors = np.asarray(t.optimizer.factors(t.step_count + 1), prec.state_dtype)
         x_, t_ = put(x, t.layouts["x"], prec.compute), put(target, t.layouts["out"], prec.compute)
         return weights, masters, moments, x_, t_, put(factors, "[N]", prec.state_dtype)
+
+
+def _value(
+    mesh: Mesh, block: Any, layout: str, shape: tuple[int, ...], label: str | None, category: str
+) -> ShardedArray:
+    """A device's local ``block`` (inside the program) as a ShardedArray of global ``shape`` on ``mesh``."""
+    data = block.reshape((1,) * len(mesh.shape) + tuple(block.shape))
+    return ShardedArray(mesh, Layout.parse(layout), shape, np.dtype(block.dtype), data, label=label, category=category)
+
+
+def _local(v: ShardedArray) -> Any:
+    """The device's local block of ``v`` (inside the program)."""
+    return v.compact().reshape(v.local_shape)
 
 
 def _check_alive(t: Trainer) -> None:
