@@ -17,6 +17,7 @@ matplotlib; only drawing a PNG does.
 
 from __future__ import annotations
 
+from .builder import memory_of, program_of
 from .cli import (
     add_critical_arguments,
     add_estimate_arguments,
@@ -36,14 +37,17 @@ from .efficiency import (
     MatmulEfficiency,
     resolve_efficiency,
 )
-from .estimator import Estimate, estimate, estimate_program, sweep
+from .estimator import estimate
 from .hardware import Hardware, Switched, Torus
-from .model_estimate import ModelEstimate, estimate_model
+from .model_estimate import estimate_model
 from .model_steps import ModelProgram, model_program
 from .placement import AxisLink, Placement, Route, default_topology, hungry_first, place, split_rings
 from .presets import get_hardware, hardware_names
 from .program import Program, Step, scheme_program, trace_steps
+from .program_estimate import estimate_program
 from .roofline import Roofline, matmul_critical_batch, matmul_time
+from .step_estimate import Estimate, ModelEstimate
+from .sweep import sweep
 from .timeline import Bar, Timeline, build_timeline, timeline_of
 
 __all__ = [
@@ -91,8 +95,10 @@ __all__ = [
     "hungry_first",
     "matmul_critical_batch",
     "matmul_time",
+    "memory_of",
     "model_program",
     "place",
+    "program_of",
     "resolve_efficiency",
     "scheme_mesh",
     "scheme_program",
