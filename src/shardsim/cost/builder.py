@@ -187,6 +187,15 @@ def trained_step(
     return step
 
 
+def steps_held() -> int:
+    """How many training steps :func:`trained_step` holds now.
+
+    >>> clear_steps(); steps_held()
+    0
+    """
+    return len(_steps)
+
+
 def clear_steps() -> None:
     """Forget every training step :func:`trained_step` holds.
 
@@ -226,5 +235,6 @@ __all__ = [
     "mlp_axes",
     "mlp_scheme",
     "program_of",
+    "steps_held",
     "trained_step",
 ]
