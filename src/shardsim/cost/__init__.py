@@ -1,9 +1,11 @@
 """The cost model: time a scheme's step on real hardware from its own shape-only program.
 
 Hardware presets (TPU v4p/v5e/v5p/v6e, NVIDIA A100/H100/H200/B200) or your own
-:class:`Hardware`; :func:`estimate` one step (time line, MFU, memory, what binds it) of an MLP scheme on a
-mesh or of a transformer under a plan (``estimate("llama3-70b", "dp=16,tp=8,pp=4", "h100",
-batch_tokens=...)``; :func:`model_program` is its cached whole-model program);
+:class:`Hardware`; :func:`estimate` one step (time line, MFU, memory, what binds it) of a model under a
+plan (``estimate("llama3-70b", "dp=16,tp=8,pp=4", "h100", batch_tokens=...)``, or an
+:class:`~shardsim.models.MLP`), one :class:`Estimate`, which an MLP scheme on a mesh spells
+(``estimate("fsdp", Mesh(X=16), ...)``); :func:`program_of` is the shape-only program every
+estimate reads (:func:`model_program` a transformer's, cached);
 :func:`critical_batch` where a scheme turns compute-bound; :func:`sweep` many batches.
 Formulas and sources: ``docs/cost-model.md``. Importing this package does not import
 matplotlib; only drawing a PNG does.

@@ -37,7 +37,7 @@ from .builder import memory_of, mlp_axes, mlp_scheme, program_of
 from .efficiency import Efficiency, resolve_efficiency
 from .hardware import Hardware, Switched, Torus
 from .memory_source import memory_source
-from .model_steps import ModelProgram, check_batch, check_sizes, check_work, model_program
+from .model_steps import ModelProgram, check_batch, check_sizes, check_work
 from .placement import AxisLink, hungry_first, place
 from .presets import get_hardware
 from .program_estimate import estimate_program
@@ -333,7 +333,6 @@ __all__ = [
     "ModelEstimate",
     "estimate_model",
     "model_links",
-    "model_program",
     "resolve_model",
     "resolve_plan",
     "scheme_order",

@@ -10,7 +10,9 @@ forward and backward passes (:mod:`shardsim.cost.timeline`, on the plan's own pl
 bytes from the mesh's ledger, the optimizer state (master weights and moments, as the byte
 policy keeps them) among them. Plans that share a layer sharding
 (the same layer at a different pipeline depth, schedule or placement) share the trace;
-:class:`LayerCache` holds them.
+:class:`LayerCache` holds them. The steps themselves are the cost model's shape-only training
+steps (:func:`~shardsim.cost.builder.trained_step`), which
+:func:`~shardsim.training.model_memory` reads too: a step either has traced is not traced again.
 
 The gradient reductions over the data and context axes are kept apart (``sync``): they run
 once per step (after the last microbatch; with a pipeline, after the flush), the rest once
