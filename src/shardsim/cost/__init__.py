@@ -49,7 +49,7 @@ from .program import Program, Step, scheme_program, trace_steps
 from .program_estimate import estimate_program
 from .roofline import Roofline, matmul_critical_batch, matmul_time
 from .step_estimate import Estimate, ModelEstimate
-from .sweep import sweep
+from .sweeps import sweep
 from .timeline import Bar, Timeline, build_timeline, timeline_of
 
 __all__ = [

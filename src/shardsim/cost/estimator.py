@@ -61,7 +61,7 @@ from .hardware import Hardware
 from .placement import AxisLink
 from .program_estimate import estimate_program
 from .step_estimate import Estimate
-from .sweep import sweep
+from .sweeps import sweep
 
 
 def estimate(
