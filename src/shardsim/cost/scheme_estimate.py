@@ -20,7 +20,8 @@ from collections.abc import Mapping, Sequence
 
 from ..errors import DivisibilityError
 from ..mesh import Mesh
-from ..strategies.plans import plan_of
+from ..plans import DEGREE, Plan
+from ..strategies.plans import SETTINGS, plan_of
 from .efficiency import Efficiency
 from .hardware import Hardware
 from .memory_source import memory_source
@@ -71,7 +72,7 @@ def estimate_scheme(
 
     def at(dm: int, df: int) -> Estimate:
         model = scheme_model(scheme, m, dm, df, layers, axes).scaled(activation=activation)
-        plan = plan_of(scheme, m, axes)
+        plan = plan_of(scheme, m, axes) if scheme in SETTINGS else degrees_plan(scheme, m, axes)
         return estimate_model(model, plan, hw, batch_tokens=batch, scheme=scheme, mesh=m, **opts)  # type: ignore[arg-type]
 
     try:
@@ -86,4 +87,21 @@ def estimate_scheme(
     return dataclasses.replace(est, d_model=d_model, d_ff=d_ff, padding=padding)
 
 
-__all__ = ["estimate_scheme"]
+def degrees_plan(scheme: str, mesh: Mesh, axes: Mapping[str, str] | None = None) -> Plan:
+    """The plan of a scheme registered on its own (no plan among the seeds'): one degree per
+    role, read off the mesh axis it runs on, and nothing else.
+
+    >>> degrees_plan("tp", Mesh(Y=4))
+    Plan.parse('tp=4,model_axis=Y')
+    """
+    from ..strategies import get
+    from ..strategies.runner import resolve_axes
+
+    fields: dict[str, object] = {}
+    for role, axis in resolve_axes(get(scheme), mesh, axes).items():
+        fields[DEGREE[role]] = mesh.axis_size(axis)
+        fields[f"{role}_axis"] = axis
+    return Plan(**fields)  # type: ignore[arg-type]
+
+
+__all__ = ["degrees_plan", "estimate_scheme"]
