@@ -1,9 +1,11 @@
 """The cost model: time a scheme's step on real hardware from its own shape-only program.
 
 Hardware presets (TPU v4p/v5e/v5p/v6e, NVIDIA A100/H100/H200/B200) or your own
-:class:`Hardware`; :func:`estimate` one step (time line, MFU, memory, what binds it) of an MLP scheme on a
-mesh or of a transformer under a plan (``estimate("llama3-70b", "dp=16,tp=8,pp=4", "h100",
-batch_tokens=...)``; :func:`model_program` is its cached whole-model program);
+:class:`Hardware`; :func:`estimate` one step (time line, MFU, memory, what binds it) of a model under a
+plan (``estimate("llama3-70b", "dp=16,tp=8,pp=4", "h100", batch_tokens=...)``, or an
+:class:`~shardsim.models.MLP`), one :class:`Estimate`, which an MLP scheme on a mesh spells
+(``estimate("fsdp", Mesh(X=16), ...)``); :func:`program_of` is the shape-only program every
+estimate reads (:func:`model_program` a transformer's, cached);
 :func:`critical_batch` where a scheme turns compute-bound; :func:`sweep` many batches.
 Formulas and sources: ``docs/cost-model.md``. Importing this package does not import
 matplotlib; only drawing a PNG does.
@@ -17,6 +19,7 @@ matplotlib; only drawing a PNG does.
 
 from __future__ import annotations
 
+from .builder import memory_of, program_of
 from .collectives import CommTime, collective_time
 from .critical import Critical, CriticalPair, axis_bandwidth, best_split, critical_batch, critical_both, scheme_mesh
 from .efficiency import (
@@ -28,14 +31,17 @@ from .efficiency import (
     MatmulEfficiency,
     resolve_efficiency,
 )
-from .estimator import Estimate, estimate, estimate_program, sweep
+from .estimator import estimate
 from .hardware import Hardware, Switched, Torus
-from .model_estimate import ModelEstimate, estimate_model
+from .model_estimate import estimate_model
 from .model_steps import ModelProgram, model_program
 from .placement import AxisLink, Placement, Route, default_topology, hungry_first, place, split_rings
 from .presets import get_hardware, hardware_names
 from .program import Program, Step, scheme_program, trace_steps
+from .program_estimate import estimate_program
 from .roofline import Roofline, matmul_critical_batch, matmul_time
+from .step_estimate import Estimate, ModelEstimate
+from .sweeps import sweep
 from .timeline import Bar, Timeline, build_timeline, timeline_of
 
 __all__ = [
@@ -77,8 +83,10 @@ __all__ = [
     "hungry_first",
     "matmul_critical_batch",
     "matmul_time",
+    "memory_of",
     "model_program",
     "place",
+    "program_of",
     "resolve_efficiency",
     "scheme_mesh",
     "scheme_program",

@@ -29,12 +29,14 @@ from .._divisors import divisors
 from ..errors import CostModelError, ShardsimError
 from ..mesh import Mesh
 from ..strategies.base import ROLE_DEFAULTS
+from .bound import excess_terms
 from .collectives import collective_time
 from .efficiency import Efficiency, resolve_efficiency
-from .estimator import Estimate, estimate, excess_terms
+from .estimator import estimate, is_model
 from .hardware import Hardware
 from .placement import AxisLink, place
 from .presets import get_hardware
+from .step_estimate import Estimate
 
 Links = Mapping[str, str | AxisLink] | None
 Topology = str | Sequence[int] | None
@@ -104,9 +106,7 @@ def critical_batch(
     >>> c.mesh, c.placement, round(c.per_chip_batch)
     (Mesh(X=1024, Y=4), 'X=1024: ici 4:4x16x16 / Y=4: ici 4', 300)
     """
-    from .estimator import _is_model
-
-    if _is_model(scheme):  # the book's test is on one MLP layer's phases; a model's batch is whole sequences
+    if is_model(scheme):  # the book's test is on one MLP layer's phases; a model's batch is whole sequences
         raise CostModelError(
             "critical_batch finds the per-chip batch of an MLP scheme (e.g. critical_batch('fsdp', 'h100')); for a "
             "model under a plan, read estimate(model, plan, hardware, batch_tokens=...).bound at the batches you "

@@ -23,153 +23,40 @@ overrides it; a tensor-parallel group larger than the NVLink domain is said in `
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from typing import Any
 
 from ..dtypes import resolve_dtype
-from ..errors import ArgumentTypeError, CostModelError, PlanError
+from ..errors import ArgumentTypeError, CostModelError, PlanError, ShardsimError
+from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..models import get as get_model
+from ..models.mlp import MLP
 from ..plans import DEGREE, ROLES, Plan
+from .builder import memory_of, mlp_axes, mlp_scheme, program_of
 from .efficiency import Efficiency, resolve_efficiency
-from .estimator import Estimate, _gb, _memory_source, _ms
-from .hardware import Hardware, Switched
-from .model_steps import ModelProgram, check_batch, check_sizes, check_work, model_memory_ledger, model_program
-from .placement import AxisLink, Placement, hungry_first, place
+from .hardware import Hardware, Switched, Torus
+from .memory_source import memory_source
+from .model_steps import ModelProgram, check_batch, check_sizes, check_work
+from .placement import AxisLink, hungry_first, place
 from .presets import get_hardware
-from .program import chips_running
+from .program_estimate import estimate_program
+from .step_estimate import Estimate, ModelEstimate
 from .timeline import build_timeline
 from .units import tokens_argument
 
-
-@dataclass
-class ModelEstimate(Estimate):
-    """An :class:`~shardsim.cost.Estimate` of a transformer under a plan; ``batch`` is the
-    global batch in tokens, ``seq`` the sequence length; see the module doc."""
-
-    cfg: TransformerConfig | None = None
-    plan: Plan = field(default_factory=Plan)
-    seq: int = 0
-    program: ModelProgram | None = None
-    placement: Placement | None = None
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Tokens trained per second: the global batch over the step time."""
-        return self.batch / self.step_s if self.step_s > 0 else 0.0
-
-    def days(self, tokens: float) -> float:
-        """Days to train on ``tokens`` tokens at this step time (steps of ``batch`` tokens).
-
-        >>> e = estimate_model("llama3-8b", "dp=8,tp=8", "h100", batch_tokens=8 * 8192)
-        >>> round(e.days(15e12) / (15e12 / e.tokens_per_s / 86400), 6)
-        1.0
-        """
-        return tokens / self.tokens_per_s / 86400.0 if self.tokens_per_s > 0 else math.inf
-
-    @property
-    def model_flops(self) -> float:
-        """Model FLOPs per step over all chips: the trace's matmul FLOPs in the forward and
-        backward passes, each event's per-chip FLOPs times the chips that run it (a pipeline
-        stage's events run on its chips only); recomputation is not model work."""
-        assert self.program is not None
-        mesh = self.program.mesh
-        total = 0.0
-        for st in self.program.steps:
-            e = st.event
-            if e.flops and e.phase in ("forward", "backward"):
-                total += e.flops * chips_running(mesh, e.where)
-        return total
-
-    @property
-    def hardware_flops(self) -> float:
-        """Every matmul FLOP the chips run, recomputation included (HFU's numerator)."""
-        assert self.program is not None
-        return sum(st.event.flops * chips_running(self.program.mesh, st.event.where) for st in self.program.steps)
-
-    @property
-    def six_nt(self) -> float:
-        """``6·N·T``: six FLOPs per parameter per token (Kaplan et al. 2020), no attention."""
-        assert self.cfg is not None
-        return 6.0 * self.cfg.param_count() * self.batch
-
-    @property
-    def bubble(self) -> float:
-        """The pipeline bubble: the stages' mean fraction of the step their compute is idle
-        (0 without a pipeline). Compare (p-1)/(m+p-1), or (p-1)/(v·m+p-1) interleaved."""
-        if self.plan.pp == 1 or self.step_s <= 0:
-            return 0.0
-        busy: dict[str, float] = {}
-        for b in self.timeline.bars:
-            if b.is_compute and b.where:
-                busy[b.where] = busy.get(b.where, 0.0) + b.seconds
-        if not busy:
-            return 0.0
-        return 1.0 - sum(busy.values()) / (len(busy) * self.step_s)
-
-    @property
-    def bubble_closed_form(self) -> float:
-        """(p-1)/(v·m+p-1): the bubble of equal stages with no communication (Narayanan et al. 2021)."""
-        p, m, v = self.plan.pp, self.plan.microbatches, self.plan.virtual_stages
-        return (p - 1) / (v * m + p - 1) if p > 1 else 0.0
-
-    def memory_line(self) -> str:
-        """The memory lines of :class:`~shardsim.cost.Estimate`, or that it was not measured."""
-        if not self.memory:
-            return "memory not measured (memory=False): fits and shortfall say nothing"
-        return super().memory_line()
-
-    def summary(self) -> str:
-        """Plan, model, step, tokens/s, MFU and FLOPs, bound, bubble, memory, warnings."""
-        assert self.cfg is not None
-        parts = self.timeline.comm_parts()
-        comm = ", ".join(f"{k} {_ms(v)}" for k, v in parts.items() if v or k != "behind other comm")
-        n = self.cfg.param_count()
-        lines = [
-            f"{self.cfg.name or 'model'} ({n / 1e9:.4g}B parameters) under {self.plan} on {self.chips} "
-            f"{self.hardware.name}, B={self.batch:,} tokens (seq {self.seq}, {self.per_chip_batch:g}/chip)",
-            f"step {_ms(self.step_s)} ms: compute {_ms(self.compute_s)} ms, comm {_ms(self.comm_s)} ms ({comm})",
-            f"{self.tokens_per_s:,.0f} tokens/s; model FLOPs {self.model_flops:.4g} per step "
-            f"(6·N·T {self.six_nt:.4g}); MFU {self.mfu:.1%}",
-            f"{self.bound}-bound: {self.bound_reason()}",
-        ]
-        if self.plan.pp > 1:
-            lines.append(
-                f"pipeline {self.plan.schedule}, {self.plan.pp} stages x {self.plan.microbatches} microbatches"
-                + (f" x {self.plan.virtual_stages} chunks" if self.plan.virtual_stages > 1 else "")
-                + f": bubble {self.bubble:.1%} of the step (closed form {self.bubble_closed_form:.1%})"
-            )
-        lines += [self.memory_line(), self.efficiency.describe(), *(f"warning: {w}" for w in self.warnings)]
-        return "\n".join(lines)
-
-    def figures(self) -> list[tuple[str, str]]:
-        """The summary's headline figures as (quantity, value) pairs.
-
-        >>> e = estimate_model("llama3-8b", "dp=8,tp=8", "h100", batch_tokens=8 * 8192)
-        >>> [q for q, _ in e.figures()][:4]
-        ['step', 'tokens/s', 'MFU', 'model FLOPs']
-        """
-        rows = [
-            ("step", f"{_ms(self.step_s)} ms"),
-            ("tokens/s", f"{self.tokens_per_s:,.0f}"),
-            ("MFU", f"{self.mfu:.1%}"),
-            ("model FLOPs", f"{self.model_flops:.4g}"),
-            ("6·N·T", f"{self.six_nt:.4g}"),
-            ("bound", f"{self.bound}-bound"),
-        ]
-        if self.plan.pp > 1:
-            rows.append(("bubble", f"{self.bubble:.1%}"))
-        return rows + [
-            ("memory per chip", f"{_gb(self.memory.get('total', 0))} GB"),
-            ("HBM per chip", f"{_gb(self.hardware.hbm_capacity)} GB"),
-        ]
+Links = Mapping[str, str | AxisLink] | None
+Topology = str | Sequence[int] | None
 
 
-def resolve_model(model: TransformerConfig | str) -> TransformerConfig:
-    """A preset name or a config as a config (unknown names: the presets' own error)."""
-    if isinstance(model, TransformerConfig):
+def resolve_model(model: TransformerConfig | MLP | str) -> TransformerConfig | MLP:
+    """A preset name or a config as a config, an :class:`~shardsim.models.MLP` as itself
+    (unknown names: the presets' own error).
+
+    >>> resolve_model("llama3-8b").layers, resolve_model(MLP(8, 16)).d_ff
+    (32, 16)
+    """
+    if isinstance(model, (TransformerConfig, MLP)):
         return model
     if isinstance(model, str):
         return get_model(model)
@@ -177,7 +64,11 @@ def resolve_model(model: TransformerConfig | str) -> TransformerConfig:
 
 
 def resolve_plan(plan: Plan | str) -> Plan:
-    """A plan or its string (``"dp=16,tp=8,pp=4,zero=1"``) as a :class:`~shardsim.plans.Plan`."""
+    """A plan or its string (``"dp=16,tp=8,pp=4,zero=1"``) as a :class:`~shardsim.plans.Plan`.
+
+    >>> resolve_plan("dp=2,tp=4").tp
+    4
+    """
     if isinstance(plan, Plan):
         return plan
     if isinstance(plan, str):
@@ -199,7 +90,12 @@ def _check_options(*, chips: object, overlap: object, memory: object, prefetch: 
 
 
 def model_links(hw: Hardware, plan: Plan) -> tuple[list[str] | None, list[str]]:
-    """The GPU axis order innermost first (None on a torus) and the warnings it raises."""
+    """The GPU axis order innermost first (None on a torus) and the warnings it raises.
+
+    >>> from shardsim.cost import get_hardware
+    >>> model_links(get_hardware("h100"), Plan(dp=2, tp=16))[1][0][:40]
+    "tp=16 is larger than h100's nvlink domai"
+    """
     first = next(iter(hw.networks.values()))
     mesh = plan.mesh()
     if not isinstance(first, Switched) or first.domain is None or len(hw.networks) == 1:
@@ -215,16 +111,36 @@ def model_links(hw: Hardware, plan: Plan) -> tuple[list[str] | None, list[str]]:
     return hungry_first(roles, mesh), warnings
 
 
+def scheme_order(hw: Hardware, scheme: str, mesh: Mesh, axes: Mapping[str, str] | None) -> list[str] | None:
+    """On GPUs, the scheme's axes innermost first by their parallelism's hunger (TP on NVLink);
+    None on a torus, or when the scheme's axes do not resolve (its own run says why).
+
+    >>> from shardsim.cost import get_hardware
+    >>> scheme_order(get_hardware("h100"), "fsdp_tp", Mesh(X=2, Y=4), None)
+    ['Y', 'X']
+    """
+    from ..strategies import get as get_scheme
+    from ..strategies.runner import resolve_axes
+
+    if isinstance(next(iter(hw.networks.values())), Torus):
+        return None
+    try:
+        roles = resolve_axes(get_scheme(scheme), mesh, axes)
+    except ShardsimError:
+        return None  # the scheme's own run says what is wrong with its axes
+    return hungry_first(roles, mesh)
+
+
 def estimate_model(
-    model: TransformerConfig | str,
+    model: TransformerConfig | MLP | str,
     plan: Plan | str,
     hardware: Hardware | str,
     *,
     batch_tokens: int | str,
     seq: int | None = None,
     chips: int | None = None,
-    links: Mapping[str, str | AxisLink] | None = None,
-    topology: str | Sequence[int] | None = None,
+    links: Links = None,
+    topology: Topology = None,
     efficiency: str | Efficiency = "calibrated",
     optimizer: str = "adam",
     precision: str | None = None,
@@ -233,38 +149,140 @@ def estimate_model(
     prefetch: int = 1,
     dtype: str = "bfloat16",
     memory: bool = True,
-) -> ModelEstimate:
-    """Estimate one training step of ``model`` under ``plan`` on ``hardware`` (module doc).
+    scheme: str | None = None,
+    mesh: Mesh | Mapping[str, int] | None = None,
+) -> Estimate:
+    """Estimate one training step of ``model`` under ``plan`` on ``hardware`` (module doc):
+    the one estimate, which :func:`~shardsim.cost.estimate` spells for a scheme too.
 
-    ``batch_tokens`` is the global batch in tokens (a whole number or a string such as ``"16M"``,
-    16 x 2**20, read as ``shardsim plan --batch-tokens`` reads it), in sequences of ``seq`` (default the
-    model's context); ``chips``, when given, must equal the plan's product of degrees;
-    ``links``/``topology``/``efficiency`` as :func:`~shardsim.cost.estimate` takes them;
-    ``optimizer`` and ``precision`` (default: the plan's, else ``dtype``'s), or a byte
-    ``policy`` (:mod:`shardsim.training.policies`, naming both), are the training step's whose
-    ledger gives ``memory`` (:func:`shardsim.training.model_memory`); ``memory=False`` skips
-    that step (time only, for a search that measures the memory of its best plans afterwards:
-    a deep pipeline's step with every microbatch takes seconds), and the summary says so.
+    ``model`` is a :class:`~shardsim.models.TransformerConfig`, a preset name or an
+    :class:`~shardsim.models.MLP`. ``batch_tokens`` is the global batch in tokens (a whole number
+    or a string such as ``"16M"``, 16 x 2**20, read as ``shardsim plan --batch-tokens`` reads it),
+    in sequences of ``seq`` (default the model's context); ``chips``, when given, must equal the
+    plan's product of degrees; ``links``/``topology``/``efficiency`` as
+    :func:`~shardsim.cost.estimate` takes them; ``optimizer`` and ``precision`` (default: the
+    plan's, else ``dtype``'s), or a byte ``policy`` (:mod:`shardsim.training.policies`, naming
+    both), are the training step's whose ledger gives ``memory``
+    (:func:`shardsim.training.model_memory`); ``memory=False`` skips that step (time only, for a
+    search that measures the memory of its best plans afterwards: a deep pipeline's step with
+    every microbatch takes seconds), and the summary says so. An MLP runs the scheme
+    :func:`~shardsim.strategies.scheme_of` names for the plan (``scheme`` names another that runs
+    it, as ``zero3`` does ``fsdp``'s) on ``mesh`` (default the plan's own), and has no ``seq``.
 
     >>> e = estimate_model("llama3-70b", "dp=16,tp=8,pp=4,zero=1,microbatches=8", "h100",
     ...                    chips=512, batch_tokens=128 * 8192)
     >>> e.chips, e.plan.pp, round(e.bubble_closed_form, 3), e.bubble > e.bubble_closed_form  # unequal stages
     (512, 4, 0.273, True)
+    >>> estimate_model(MLP(8192, 32768), "dp=8,zero=3", "h100", batch_tokens=8 * 4096).scheme
+    'fsdp'
     """
     cfg, p = resolve_model(model), resolve_plan(plan)
     hw = get_hardware(hardware)
+    opts: dict[str, Any] = dict(
+        links=links, topology=topology, efficiency=efficiency, optimizer=optimizer, precision=precision,
+        policy=policy, overlap=overlap, prefetch=prefetch, dtype=dtype, memory=memory,
+    )  # fmt: skip
+    if isinstance(cfg, MLP):
+        if seq is not None:
+            raise CostModelError(f"seq={seq!r}: an MLP's batch is tokens, not sequences; give batch_tokens= only")
+        return _estimate_mlp(cfg, p, hw, batch_tokens, chips=chips, scheme=scheme, mesh=mesh, **opts)
+    if scheme is not None or mesh is not None:
+        raise CostModelError("scheme= and mesh= belong to an MLP; a transformer runs on its plan's mesh")
+    return _estimate_transformer(cfg, p, hw, batch_tokens, seq=seq, chips=chips, **opts)
+
+
+def _check_chips(p: Plan, chips: int | None, size: int) -> None:
+    """``chips``, when given, is the plan's product of degrees."""
+    if chips is not None and chips != size:
+        degrees = " x ".join(f"{DEGREE[r]}={p.degree(r)}" for r in ROLES if p.degree(r) > 1) or "dp=1"
+        raise PlanError(
+            f"plan {p} multiplies to {size} chips ({degrees}), not chips={chips}; "
+            f"change a degree so their product is {chips}"
+        )
+
+
+def _estimate_mlp(
+    model: MLP,
+    p: Plan,
+    hw: Hardware,
+    batch_tokens: int | str,
+    *,
+    chips: int | None,
+    scheme: str | None,
+    mesh: Mesh | Mapping[str, int] | None,
+    links: Links,
+    topology: Topology,
+    efficiency: str | Efficiency,
+    optimizer: str,
+    precision: str | None,
+    policy: str | None,
+    overlap: bool,
+    prefetch: int,
+    dtype: str,
+    memory: bool,
+) -> Estimate:
+    """An MLP's step: its scheme's program shape-only, timed, and its training step's memory."""
+    if policy is not None:
+        raise CostModelError(
+                f"policy={policy!r}: a byte policy is the transformer's; an MLP takes optimizer and precision"
+            )
+    batch = tokens_argument(batch_tokens, "batch_tokens") if isinstance(batch_tokens, str) else batch_tokens
+    name = mlp_scheme(model, p, scheme)
+    on = p.mesh() if mesh is None else mesh if isinstance(mesh, Mesh) else Mesh(dict(mesh))
+    _check_chips(p, chips, on.size)
+    axes = mlp_axes(p, name)
+    inner = scheme_order(hw, name, on, axes) if links is None else None
+    place(hw, on, links, topology=topology, inner=inner)  # fail early, before tracing, on a layout it cannot hold
+    precision = precision if precision is not None else p.precision
+    source = memory_source(optimizer, precision, dtype)
+    program = program_of(model, p, batch, dtype=dtype, scheme=name, mesh=on)
+    est = estimate_program(
+        program, hw, placement_links=links, inner=inner, overlap=overlap, prefetch=prefetch, batch=batch,
+        d_model=model.d_model, d_ff=model.d_ff, dtype=dtype, topology=topology, efficiency=efficiency,
+    )  # fmt: skip
+    est.model, est.plan = model, p
+    if not memory:
+        est.memory, est.memory_source = {}, "nothing: memory=False (time only)"
+        return est
+    try:  # the memory of the same shapes' training step, as the Trainer's ledger measures it
+        est.memory, est.model_state = memory_of(
+            model, p, batch, dtype=dtype, optimizer=optimizer, precision=precision, policy=policy, scheme=name,
+            mesh=on,
+        )  # fmt: skip
+    except ShardsimError as err:  # a scheme the Trainer cannot step yet: the passes' own ledger, said so
+        est.memory_source = f"the forward and backward passes only, no optimizer state ({name}: {err})"
+    else:
+        est.memory_source = source
+    return est
+
+
+def _estimate_transformer(
+    cfg: TransformerConfig,
+    p: Plan,
+    hw: Hardware,
+    batch_tokens: int | str,
+    *,
+    seq: int | None,
+    chips: int | None,
+    links: Links,
+    topology: Topology,
+    efficiency: str | Efficiency,
+    optimizer: str,
+    precision: str | None,
+    policy: str | None,
+    overlap: bool,
+    prefetch: int,
+    dtype: str,
+    memory: bool,
+) -> Estimate:
+    """A transformer's step: its whole-model program, timed, and its training step's memory."""
     batch_tokens = tokens_argument(batch_tokens, "batch_tokens")
     _check_options(chips=chips, overlap=overlap, memory=memory, prefetch=prefetch)
     resolve_dtype(dtype)
-    if chips is not None and chips != p.chips:
-        degrees = " x ".join(f"{DEGREE[r]}={p.degree(r)}" for r in ROLES if p.degree(r) > 1) or "dp=1"
-        raise PlanError(
-            f"plan {p} multiplies to {p.chips} chips ({degrees}), not chips={chips}; "
-            f"change a degree so their product is {chips}"
-        )
+    _check_chips(p, chips, p.chips)
     if policy is None:
         precision = precision if precision is not None else p.precision
-        source = _memory_source(optimizer, precision, dtype)
+        source = memory_source(optimizer, precision, dtype)
     else:
         from ..training import policies
 
@@ -276,13 +294,9 @@ def estimate_model(
     inner, warnings = (None, []) if links else model_links(hw, p)
     # the layout and the efficiency mode fail here, before the trace, if the hardware cannot take them
     resolve_efficiency(hw, efficiency, place(hw, p.mesh(), links, topology=topology, inner=inner).networks())
-    program = model_program(cfg, p, batch_tokens, s, dtype)
-    if p.pp > 1 and p.microbatches < p.pp:
-        least = (p.pp - 1) / (p.microbatches + p.pp - 1)
-        warnings.append(
-            f"pp={p.pp} with microbatches={p.microbatches}: the bubble is {least:.0%} of the step at best; "
-            f"use microbatches >= {4 * p.pp} (the batch divides into dp x microbatches)"
-        )
+    program = program_of(cfg, p, batch_tokens, s, dtype)
+    assert isinstance(program, ModelProgram)
+    warnings += _pipeline_warnings(p)
     placement = place(hw, program.mesh, links, topology=topology, inner=inner)
     eff = resolve_efficiency(hw, efficiency, placement.networks())
     title = f"{cfg.name or 'model'} under {p} on {program.mesh}, {hw.name}"
@@ -293,15 +307,33 @@ def estimate_model(
     if policy is None and precision is None:
         precision = resolve_dtype(dtype).name  # the weights' dtype's policy, as the MLP estimate's
     if memory:
-        peak, state = model_memory_ledger(cfg, p, b, s, optimizer, precision, policy)
+        peak, state = memory_of(cfg, p, batch_tokens, s, optimizer=optimizer, precision=precision, policy=policy)
     else:
         peak, state, source = {}, {}, "nothing: memory=False (time only)"
-    return ModelEstimate(
+    return Estimate(
         scheme=str(p), hardware=hw, mesh=program.mesh, batch=batch_tokens, d_model=cfg.d_model, d_ff=cfg.d_ff,
         layers=cfg.layers, dtype=dtype, timeline=tl, memory=peak, phases=tl.phase_totals(), efficiency=eff,
-        memory_source=source, model_state=state, cfg=cfg, plan=p, seq=s, program=program,
+        memory_source=source, model_state=state, model=cfg, plan=p, seq=s, program=program,
         placement=placement, warnings=warnings,
     )  # fmt: skip
 
 
-__all__ = ["ModelEstimate", "estimate_model", "model_links", "resolve_model", "resolve_plan"]
+def _pipeline_warnings(p: Plan) -> list[str]:
+    """A pipeline with fewer microbatches than stages, said with its least bubble."""
+    if p.pp > 1 and p.microbatches < p.pp:
+        least = (p.pp - 1) / (p.microbatches + p.pp - 1)
+        return [
+            f"pp={p.pp} with microbatches={p.microbatches}: the bubble is {least:.0%} of the step at best; "
+            f"use microbatches >= {4 * p.pp} (the batch divides into dp x microbatches)"
+        ]
+    return []
+
+
+__all__ = [
+    "ModelEstimate",
+    "estimate_model",
+    "model_links",
+    "resolve_model",
+    "resolve_plan",
+    "scheme_order",
+]

@@ -31,6 +31,7 @@ from ..array import ShapeDtype
 from ..dtypes import resolve_dtype
 from ..errors import ShardsimError
 from ..mesh import Mesh
+from ..models.mlp import MLP
 from ..tracing import Event, Trace
 
 
@@ -82,13 +83,53 @@ def scheme_program(
     axes: Mapping[str, str] | None = None,
 ) -> Program:
     """Run ``scheme`` shape-only at these sizes on a fresh copy of ``mesh``; see the module doc."""
+    model = scheme_model(scheme, mesh, d_model, d_ff, layers, axes)
+    return mlp_program(scheme, model, mesh, batch, dtype=dtype, activation=activation, axes=axes)
+
+
+def scheme_model(
+    scheme: str, mesh: Mesh, d_model: int, d_ff: int, layers: int = 1, axes: Mapping[str, str] | None = None
+) -> MLP:
+    """The :class:`~shardsim.models.MLP` scheme ``scheme`` runs at these sizes (its norm and experts).
+
+    >>> from shardsim import Mesh
+    >>> scheme_model("tp_ln", Mesh(Y=2), 8, 16, layers=2)
+    MLP(d_model=8, d_ff=16, layers=2, activation='identity', norm=True, experts=0, top_k=2)
+    """
+    from ..strategies import mlp_for
+
+    if layers < 1:
+        raise ShardsimError(f"layers must be at least 1, got {layers}")
+    return mlp_for(scheme, mesh, d_model, d_ff, layers, axes)
+
+
+def mlp_program(
+    scheme: str,
+    model: MLP,
+    mesh: Mesh,
+    batch: int,
+    *,
+    dtype: Any = "bfloat16",
+    activation: str | None = None,
+    axes: Mapping[str, str] | None = None,
+) -> Program:
+    """Run ``scheme`` shape-only on ``model``'s weights and ``batch`` tokens, on a fresh copy of
+    ``mesh`` (its slow chips kept); ``activation`` defaults to the model's.
+
+    >>> from shardsim import Mesh
+    >>> from shardsim.models import MLP
+    >>> len(mlp_program("ddp", MLP(32, 128, layers=2), Mesh(X=4), 64).steps)
+    16
+    """
     from ..strategies import run_strategy
 
-    fresh, params, x = _shape_only_inputs(scheme, mesh, batch, d_model, d_ff, layers, dtype, axes)
+    fresh, params, x = _shape_only_inputs(scheme, model, mesh, batch, dtype)
     for chip in np.argwhere(mesh.slowdown != 1.0):  # the cost model reads the slow chips off the mesh
         fresh.slow(float(mesh.slowdown[tuple(chip)]), **dict(zip(mesh.axis_names, map(int, chip))))
-    result = run_strategy(scheme, fresh, params, x, x, activation=activation, axes=axes)
-    return Program(scheme, fresh, program_steps(result.trace.events, layers), layers, _per_chip(result.memory))
+    act = model.activation if activation is None else activation
+    result = run_strategy(scheme, fresh, params, x, x, activation=act, axes=axes)
+    layers = model.layers
+    return Program(scheme, fresh, program_steps(result.trace.events, layers), layers, per_chip(result.memory))
 
 
 def training_memory(
@@ -121,36 +162,59 @@ def training_memory(
     >>> peak["params"] > state["params"]  # the gathered weights come and go
     True
     """
+    model = scheme_model(scheme, mesh, d_model, d_ff, layers, axes)
+    return mlp_training_memory(
+        scheme, model, mesh, batch, dtype=dtype, optimizer=optimizer, precision=precision, activation=activation,
+        axes=axes,
+    )  # fmt: skip
+
+
+def mlp_training_memory(
+    scheme: str,
+    model: MLP,
+    mesh: Mesh,
+    batch: int,
+    *,
+    dtype: Any = "bfloat16",
+    optimizer: str = "adam",
+    precision: Any = None,
+    activation: str | None = None,
+    axes: Mapping[str, str] | None = None,
+) -> tuple[dict[str, int], dict[str, int]]:
+    """:func:`training_memory` of ``scheme`` on ``model``'s weights (its activation by default).
+
+    >>> from shardsim import Mesh
+    >>> from shardsim.models import MLP
+    >>> peak, _ = mlp_training_memory("ddp", MLP(32, 128), Mesh(X=4), 64)
+    >>> peak["optimizer"] == 12 * 2 * 32 * 128  # float32 master + Adam's m and v, replicated
+    True
+    """
     from ..training import Trainer
 
-    fresh, params, x = _shape_only_inputs(scheme, mesh, batch, d_model, d_ff, layers, dtype, axes)
+    fresh, params, x = _shape_only_inputs(scheme, model, mesh, batch, dtype)
     policy = resolve_dtype(dtype).name if precision is None else precision
-    trainer = Trainer(scheme, fresh, params, optimizer, precision=policy, activation=activation, axes=axes)
+    act = model.activation if activation is None else activation
+    trainer = Trainer(scheme, fresh, params, optimizer, precision=policy, activation=act, axes=axes)
     result = trainer.step(x, x)
-    return _per_chip(result.memory), _per_chip(result.model_state)
+    return per_chip(result.memory), per_chip(result.model_state)
 
 
 def _shape_only_inputs(
-    scheme: str,
-    mesh: Mesh,
-    batch: int,
-    d_model: int,
-    d_ff: int,
-    layers: int,
-    dtype: Any,
-    axes: Mapping[str, str] | None,
+    scheme: str, model: MLP, mesh: Mesh, batch: int, dtype: Any
 ) -> tuple[Mesh, dict[str, ShapeDtype], ShapeDtype]:
     """A fresh mesh of ``mesh``'s shape, the scheme's weights and the batch, all shape-only."""
-    from ..strategies import mlp_for, weights_of
+    from ..strategies import weights_of
 
-    if layers < 1:
-        raise ShardsimError(f"layers must be at least 1, got {layers}")
-    params = weights_of(scheme, mlp_for(scheme, mesh, d_model, d_ff, layers, axes), dtype)
-    return Mesh(dict(zip(mesh.axis_names, mesh.shape))), params, ShapeDtype((batch, d_model), dtype)
+    params = weights_of(scheme, model, dtype)
+    return Mesh(dict(zip(mesh.axis_names, mesh.shape))), params, ShapeDtype((batch, model.d_model), dtype)
 
 
-def _per_chip(memory: Mapping[str, np.ndarray]) -> dict[str, int]:
-    """The busiest chip's bytes in each category."""
+def per_chip(memory: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """The busiest chip's bytes in each category.
+
+    >>> per_chip({"params": np.array([3, 5]), "total": np.array([4, 9])})
+    {'params': 5, 'total': 9}
+    """
     return {c: int(np.max(v)) for c, v in memory.items()}
 
 

@@ -10,7 +10,9 @@ forward and backward passes (:mod:`shardsim.cost.timeline`, on the plan's own pl
 bytes from the mesh's ledger, the optimizer state (master weights and moments, as the byte
 policy keeps them) among them. Plans that share a layer sharding
 (the same layer at a different pipeline depth, schedule or placement) share the trace;
-:class:`LayerCache` holds them.
+:class:`LayerCache` holds them. The steps themselves are the cost model's shape-only training
+steps (:func:`~shardsim.cost.builder.trained_step`), which
+:func:`~shardsim.training.model_memory` reads too: a step either has traced is not traced again.
 
 The gradient reductions over the data and context axes are kept apart (``sync``): they run
 once per step (after the last microbatch; with a pipeline, after the flush), the rest once
@@ -36,12 +38,13 @@ from typing import Any
 
 from ..array import ShapeDtype, shard
 from ..collectives import ppermute
+from ..cost.builder import trained_step
 from ..cost.efficiency import Efficiency, resolve_efficiency
 from ..cost.hardware import Hardware
 from ..cost.model_steps import recorded_steps
 from ..cost.placement import AxisLink, Placement, place
 from ..cost.presets import get_hardware
-from ..cost.program import _per_chip, chips_running, trace_steps
+from ..cost.program import chips_running, trace_steps
 from ..cost.timeline import Timeline, build_timeline
 from ..mesh import Mesh
 from ..models import TransformerConfig
@@ -243,26 +246,21 @@ class LayerCache:
         return self._programs[(str(lp), micro)]
 
     def _trace(self, lp: Plan, micro: int) -> list[_Run]:
-        """The two shape-only training steps (one layer, two layers) of the layer program."""
-        from ..training.model_trainer import ModelTrainer
-
+        """The two shape-only training steps (one layer, two layers) of the layer program, read
+        from the cost model's shared steps (:func:`~shardsim.cost.builder.trained_step`)."""
         self.traced += 1
         runs = []
-        dtype = self.precision.compute
         for layers in (1, 2):
             cfg = self.model.scaled(layers=layers, seq=max(self.seq, self.model.seq), name="")
-            params = {k: ShapeDtype(s, dtype) for k, s in cfg.param_shapes().items()}
-            tok = ShapeDtype((lp.dp * lp.ep * micro, self.seq), "int32")
-            trainer = ModelTrainer(cfg, lp, lp.mesh(), params, self.optimizer, precision=self.precision)
-            res = trainer.step(tok, tok)
-            events = [e for e in res.trace.events if e.phase != "optimizer"]
+            tok = (lp.dp * lp.ep * micro, self.seq)
+            step = trained_step(cfg, lp, lp.mesh(), tok, self.optimizer, self.precision)
+            events = [e for e in step.events if e.phase != "optimizer"]
             # per chip, averaged: an event held on some chips only (a context-parallel chip's
             # share of causal attention) runs on those chips
-            mesh = trainer.mesh
+            mesh = step.mesh
             flops = sum(e.flops * chips_running(mesh, e.where) for e in events if e.phase != "recompute") // mesh.size
-            stored = int(res.stored_activations.max())  # the one-layer run's is one layer's
-            runs.append(_Run(events, _per_chip(res.memory), _per_chip(res.model_state), stored, flops))
-            del trainer, res
+            # the one-layer run's stored bytes are one layer's
+            runs.append(_Run(events, dict(step.memory), dict(step.model_state), step.stored, flops))
         return runs
 
     def _cost(self, runs: list[_Run], pl: Placement, eff: Efficiency) -> Layer:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING
 
-from ..array import ShapeDtype
 from ..errors import ModelInputError, PlanError
 from ..mesh import Mesh
 from ..models import TransformerConfig
@@ -73,9 +72,8 @@ def model_memory(
     (:mod:`shardsim.training.policies`), which also names the optimizer. ``full`` traces
     every layer even of a deep model.
     """
-    from ..cost.program import _per_chip
+    from ..cost.builder import trained_step
     from ..plans import Plan
-    from .model_trainer import ModelTrainer
 
     cfg = get_model(cfg) if isinstance(cfg, str) else cfg
     plan = Plan.parse(plan) if isinstance(plan, str) else plan
@@ -104,12 +102,9 @@ def model_memory(
 
     def measure(model: TransformerConfig, m: int) -> _Figures:
         """The ledger of one step of ``model`` with ``m`` microbatches of the plan's size."""
-        tokens = ShapeDtype((batch // total * m, length), "int32")
-        shapes = {k: ShapeDtype(s, prec.compute) for k, s in model.param_shapes().items()}
-        fresh = Mesh(dict(zip(mesh.axis_names, mesh.shape)))
-        trainer = ModelTrainer(model, plan.replace(microbatches=m), fresh, shapes, optimizer, precision=prec)
-        result = trainer.step(tokens, tokens)
-        return _per_chip(result.memory), _per_chip(result.model_state)
+        tokens = (batch // total * m, length)
+        step = trained_step(model, plan.replace(microbatches=m), mesh, tokens, optimizer, prec, events=False)
+        return dict(step.memory), dict(step.model_state)
 
     def microbatches(model: TransformerConfig) -> _Figures:
         """All the plan's microbatches, carried on from 3, 4 and 5 per stage when there are more."""

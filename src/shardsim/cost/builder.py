@@ -1,0 +1,240 @@
+"""The shape-only programs every cost is read from, built in one place.
+
+A model under a plan has one program: :func:`program_of` builds it for an
+:class:`~shardsim.models.MLP` (the registered scheme that runs the plan,
+:func:`~shardsim.strategies.scheme_of`, traced shape-only at the real sizes:
+:func:`~shardsim.cost.program.mlp_program`) and for a
+:class:`~shardsim.models.TransformerConfig` (``run_model``'s trace with its layers repeated:
+:func:`~shardsim.cost.model_steps.model_program`). :func:`memory_of` gives the memory of the
+same model's training step. The transformer's training steps themselves, which
+:func:`~shardsim.training.model_memory` and the planner's traced layers
+(:class:`~shardsim.planner.program.LayerCache`) both read, come from :func:`trained_step`,
+whose cache they share: a step traced once is never traced again.
+
+>>> from shardsim.models import MLP, get
+>>> from shardsim.plans import Plan
+>>> program_of(MLP(32, 128, layers=2), Plan(dp=4, zero=3), 64).scheme
+'fsdp'
+>>> program_of(get("gpt-tiny"), Plan(dp=2), batch_tokens=2 * 16, seq=16).layers
+2
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CostModelError
+from ..mesh import Mesh
+from ..models import TransformerConfig
+from ..models.mlp import MLP
+from ..plans import Plan
+from ..tracing import Event
+from .program import Program, mlp_program, mlp_training_memory, per_chip
+
+if TYPE_CHECKING:
+    from ..training.precision import Precision
+
+Model = TransformerConfig | MLP
+
+
+def mlp_scheme(model: MLP, plan: Plan, scheme: str | None = None) -> str:
+    """The registered scheme that runs ``plan`` on ``model`` (``scheme`` when given: a scheme
+    that names the same plan, as ``zero3`` names ``fsdp``'s).
+
+    >>> mlp_scheme(MLP(8, 16, norm=True), Plan(tp=2))
+    'tp_ln'
+    """
+    from ..strategies.plans import scheme_of
+
+    return scheme if scheme is not None else scheme_of(plan, model)
+
+
+def mlp_axes(plan: Plan, scheme: str) -> dict[str, str]:
+    """The scheme's roles on ``plan``'s mesh axes (what ``run_strategy``'s ``axes=`` takes).
+
+    >>> mlp_axes(Plan(dp=2, tp=2, zero=3), "fsdp_tp")
+    {'data': 'data', 'model': 'model'}
+    """
+    from ..strategies.plans import axes_of
+
+    return axes_of(plan, scheme)
+
+
+def program_of(
+    model: Model,
+    plan: Plan,
+    batch_tokens: int,
+    seq: int | None = None,
+    dtype: str = "bfloat16",
+    *,
+    scheme: str | None = None,
+    mesh: Mesh | None = None,
+) -> Program:
+    """The shape-only program of one step of ``model`` under ``plan`` on ``batch_tokens`` tokens
+    (module doc). For an MLP, ``scheme`` names the scheme (default the plan's) and ``mesh``
+    the mesh it runs on (default ``plan.mesh()``: a mesh with more axes replicates over them,
+    and its slow chips are kept); a transformer's batch is sequences of ``seq`` tokens.
+
+    >>> from shardsim import Mesh
+    >>> program_of(MLP(32, 128), Plan(tp=4, model_axis="Y"), 64, mesh=Mesh(X=2, Y=4)).mesh
+    Mesh(X=2, Y=4)
+    """
+    if isinstance(model, MLP):
+        name = mlp_scheme(model, plan, scheme)
+        on = plan.mesh() if mesh is None else mesh
+        return mlp_program(name, model, on, batch_tokens, dtype=dtype, axes=mlp_axes(plan, name))
+    from .model_steps import model_program
+
+    return model_program(model, plan, batch_tokens, seq, dtype)
+
+
+def memory_of(
+    model: Model,
+    plan: Plan,
+    batch_tokens: int,
+    seq: int | None = None,
+    dtype: str = "bfloat16",
+    *,
+    optimizer: str = "adam",
+    precision: str | None = None,
+    policy: str | None = None,
+    scheme: str | None = None,
+    mesh: Mesh | None = None,
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Each chip's peak bytes by category (and ``"total"``) over one shape-only training step of
+    ``model`` under ``plan``, and the model state between the backward pass and the update:
+    the :class:`~shardsim.training.Trainer`'s ledger for an MLP (``precision`` by default
+    ``dtype``'s policy), :func:`~shardsim.training.model_memory`'s for a transformer.
+
+    >>> peak, state = memory_of(MLP(32, 128), Plan(dp=4, zero=3), 64)
+    >>> state["optimizer"] == 12 * (2 * 32 * 128) // 4  # float32 master + Adam's m and v, sharded
+    True
+    """
+    if isinstance(model, MLP):
+        if policy is not None:
+            raise CostModelError(
+                f"policy={policy!r}: a byte policy is the transformer's; an MLP takes optimizer and precision"
+            )
+        name = mlp_scheme(model, plan, scheme)
+        on = plan.mesh() if mesh is None else mesh
+        return mlp_training_memory(
+            name, model, on, batch_tokens, dtype=dtype, optimizer=optimizer, precision=precision,
+            axes=mlp_axes(plan, name),
+        )  # fmt: skip
+    from .model_steps import check_batch, model_memory_ledger
+
+    b, s = check_batch(model, plan, batch_tokens, seq)
+    return model_memory_ledger(model, plan, b, s, optimizer, precision, policy)
+
+
+@dataclass(frozen=True)
+class TrainedStep:
+    """What one shape-only training step of a transformer measured: its events (empty when
+    they were not asked for), each category's per-chip peak bytes, the model state between
+    the backward pass and the update, the most bytes a chip keeps for the backward pass, and
+    the mesh it ran on."""
+
+    events: tuple[Event, ...]
+    memory: dict[str, int]
+    model_state: dict[str, int]
+    stored: int
+    mesh: Mesh
+    has_events: bool
+
+
+#: How many training steps :func:`trained_step` keeps (the least recently read goes first).
+STEPS_KEPT = 256
+_steps: OrderedDict[tuple[Any, ...], TrainedStep] = OrderedDict()
+
+
+def trained_step(
+    cfg: TransformerConfig,
+    plan: Plan,
+    mesh: Mesh,
+    tokens: tuple[int, int],
+    optimizer: str,
+    precision: Precision,
+    *,
+    events: bool = True,
+) -> TrainedStep:
+    """One shape-only step of :class:`~shardsim.training.model_trainer.ModelTrainer` on a fresh
+    copy of ``mesh``, the weights in ``precision``'s compute dtype and ``tokens`` (sequences,
+    seq) as both input and target; cached by all of them, so every caller (the memory of a
+    model's step, the planner's layers) shares each step traced. ``events=False`` keeps only
+    the figures (a deep pipeline's step holds a great many events).
+
+    >>> from shardsim.models import get
+    >>> from shardsim.training.precision import Precision
+    >>> cfg, plan = get("gpt-tiny").scaled(layers=1), Plan(dp=2)
+    >>> a = trained_step(cfg, plan, plan.mesh(), (2, 16), "adam", Precision.of("bf16"))
+    >>> a is trained_step(cfg, plan, plan.mesh(), (2, 16), "adam", Precision.of("bf16")), a.stored > 0
+    (True, True)
+    """
+    key = (cfg, plan, tuple(mesh.axis_names), tuple(mesh.shape), tuple(tokens), optimizer, precision)
+    try:
+        hit = _steps.get(key)
+    except TypeError:  # an argument that cannot be a key: trace it, uncached
+        return _trace_step(cfg, plan, mesh, tokens, optimizer, precision, events)
+    if hit is not None and (hit.has_events or not events):
+        _steps.move_to_end(key)
+        return hit
+    step = _trace_step(cfg, plan, mesh, tokens, optimizer, precision, events)
+    _steps[key] = step
+    while len(_steps) > STEPS_KEPT:
+        _steps.popitem(last=False)
+    return step
+
+
+def steps_held() -> int:
+    """How many training steps :func:`trained_step` holds now.
+
+    >>> clear_steps(); steps_held()
+    0
+    """
+    return len(_steps)
+
+
+def clear_steps() -> None:
+    """Forget every training step :func:`trained_step` holds.
+
+    >>> clear_steps()
+    """
+    _steps.clear()
+
+
+def _trace_step(
+    cfg: TransformerConfig,
+    plan: Plan,
+    mesh: Mesh,
+    tokens: tuple[int, int],
+    optimizer: str,
+    precision: Precision,
+    events: bool,
+) -> TrainedStep:
+    from ..array import ShapeDtype
+    from ..training.model_trainer import ModelTrainer
+
+    fresh = Mesh(dict(zip(mesh.axis_names, mesh.shape)))
+    params = {k: ShapeDtype(s, precision.compute) for k, s in cfg.param_shapes().items()}
+    tok = ShapeDtype(tuple(tokens), "int32")
+    trainer = ModelTrainer(cfg, plan, fresh, params, optimizer, precision=precision)
+    res = trainer.step(tok, tok)
+    recorded = tuple(res.trace.events) if events else ()
+    stored = int(res.stored_activations.max())
+    shape = Mesh(dict(zip(trainer.mesh.axis_names, trainer.mesh.shape)))
+    return TrainedStep(recorded, per_chip(res.memory), per_chip(res.model_state), stored, shape, events)
+
+
+__all__ = [
+    "STEPS_KEPT",
+    "TrainedStep",
+    "clear_steps",
+    "memory_of",
+    "mlp_axes",
+    "mlp_scheme",
+    "program_of",
+    "steps_held",
+    "trained_step",
+]
