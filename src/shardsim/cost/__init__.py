@@ -17,6 +17,7 @@ matplotlib; only drawing a PNG does.
 
 from __future__ import annotations
 
+from . import gantt as _gantt  # noqa: F401 - puts the Gantt charts on Timeline
 from .cli import (
     add_critical_arguments,
     add_estimate_arguments,
