@@ -38,9 +38,9 @@ import numpy as np
 import shardsim
 from hostile_inputs import HOSTILE
 from shardsim import cli, cost
+from shardsim.dtypes import PRECISION_DTYPES as PRECISION_NAMES
 from shardsim.models import TransformerConfig, reference
 from shardsim.plans import ATTENTION, CP_METHODS, RECOMPUTE, SCHEDULES, Plan
-from shardsim.training.precision import _NAMES as PRECISION_NAMES
 
 OUTCOMES = ("ok", "documented", "wrong", "undocumented", "hang")
 LIMIT_S = 10

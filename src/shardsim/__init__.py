@@ -10,9 +10,16 @@ Layout('[B_X, D]')
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from collections.abc import Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from . import operators as _operators  # noqa: F401 - puts the operators on ShardedArray
+from . import pictures as _pictures  # noqa: F401 - puts the display methods on arrays, meshes, ledgers, traces
 from . import specs as _specs  # noqa: F401 - puts the PartitionSpec/placement methods on Layout
 from .array import ShapeDtype, ShardedArray, from_local, shard
 from .collectives import all_gather, all_reduce, all_to_all, ppermute, reduce_scatter
@@ -67,6 +74,40 @@ _LAZY = {
     "Trainer": "training",
     "train_step": "training",
 }
+
+
+# Modules that moved, old name: new name. The old name (``from shardsim import mlp, pipeline``,
+# a submodule under it) keeps working and gives the very module, and so the very classes, the
+# new name gives, never a second copy. The one list of moves (docs/design.md, "Layers and
+# folders"); a name and everything under it follows the move.
+_MOVED: dict[str, str] = {}
+
+
+def _moved_name(name: str) -> str | None:
+    """The module's name now, if ``name`` is one of a module that moved (or under one); else None."""
+    for old, new in _MOVED.items():
+        if name == old or name.startswith(old + "."):
+            return new + name[len(old) :]
+    return None
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a moved module by its old name as the module itself, under both names."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        return importlib.util.spec_from_loader(fullname, self) if _moved_name(fullname) else None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return importlib.import_module(_moved_name(spec.name) or spec.name)
+
+    def exec_module(self, module: ModuleType) -> None:
+        pass  # already run under its own name
+
+
+if _MOVED and not any(isinstance(f, _MovedModules) for f in sys.meta_path):
+    sys.meta_path.insert(0, _MovedModules())
 
 
 def __getattr__(name: str) -> Any:

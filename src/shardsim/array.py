@@ -244,10 +244,7 @@ class ShardedArray:
             f"local {self.local_shape})"
         )
 
-    def _repr_html_(self) -> str:
-        from .pictures import array_html
-
-        return array_html(self)
+    # _repr_html_ is the pictures' (shardsim.pictures puts it on the class)
 
     # -- data access --------------------------------------------------------------------
     def compact(self) -> np.ndarray:
@@ -416,12 +413,17 @@ def _axes_arg(axes: tuple[str, ...]) -> str:
     return repr(axes[0]) if len(axes) == 1 else repr(axes)
 
 
-def _parse(
+def parse_layout(
     layout: str | Layout, mesh: Mesh, op: str = "shard", *, ndim: int | None = None, names: Sequence[str] | None = None
 ) -> Layout:
     """``layout`` on ``mesh``, checked; a ``PartitionSpec`` is converted as JAX reads it on an
     ``ndim``-dimensional value (a short spec leaves the last dimensions unsplit), its dimensions
-    called ``names`` (default ``d0``, ``d1``, ...)."""
+    called ``names`` (default ``d0``, ``d1``, ...). ``op`` names the caller in errors.
+
+    >>> import shardsim
+    >>> parse_layout("B_X D", shardsim.Mesh(X=2))
+    Layout('[B_X, D]')
+    """
     require_mesh(mesh, "mesh", op)
     if is_partition_spec(layout):
         from .specs import from_partition_spec  # a layer above layouts and meshes
@@ -458,7 +460,7 @@ def shard(
     >>> w.local_shape
     (2, 4)
     """
-    lay = _parse(layout, mesh, ndim=_ndim(array) if is_partition_spec(layout) else None)
+    lay = parse_layout(layout, mesh, ndim=_ndim(array) if is_partition_spec(layout) else None)
     if lay.partial:
         raise PartialSumError(
             f"shard() splits a global array, which is never a partial sum ({lay}); build partial "
@@ -496,7 +498,7 @@ def from_local(
     >>> shardsim.all_reduce(p, "X").to_global()
     array([[3.]])
     """
-    lay = _parse(layout, mesh, "from_local")
+    lay = parse_layout(layout, mesh, "from_local")
     if isinstance(blocks, (ShardedArray, ShapeDtype)):
         raise ArgumentTypeError(
             f"from_local(blocks={_short(blocks)}): blocks is a NumPy array of every chip's block, "

@@ -40,8 +40,9 @@ from typing import cast as typed_as
 import numpy as np
 
 from . import engines, tracing
-from .array import ShardedArray, _LazyMatmul, local_shape_of, require_array
+from .array import ShardedArray, local_shape_of, require_array
 from .dtypes import resolve_dtype
+from .engines.stacked import LazyMatmul
 from .errors import ArgumentTypeError, ChipFailureError, CollectiveError, ShardingError
 from .holders import held_text
 from .layout import Layout
@@ -169,7 +170,7 @@ def all_reduce(x: ShardedArray, axis: Axes, *, label: str | None = None) -> Shar
     data, lazy = None, None
     if not x.is_shape_only:
         reduced = engines.active().all_reduce(_operand(x), _positions(x, axes), axes)
-        lazy, data = (reduced, None) if isinstance(reduced, _LazyMatmul) else (None, reduced)
+        lazy, data = (reduced, None) if isinstance(reduced, LazyMatmul) else (None, reduced)
     out = _new(x, layout, data, label, lazy=lazy)
     n = x.mesh.axis_size(axes)
     moved = 2 * (n - 1) * x.local_nbytes // n
@@ -352,7 +353,7 @@ def _check_partial(x: ShardedArray, axes: tuple[str, ...], op: str) -> None:
         raise CollectiveError(f"{op} over {_fmt(axes)}: {x.describe()} is not a partial sum over {missing}; {hint}")
 
 
-def _operand(x: ShardedArray) -> np.ndarray | _LazyMatmul:
+def _operand(x: ShardedArray) -> np.ndarray | LazyMatmul:
     """What a reduction reads: the data, or a lazy partial the stacked engine folds into one matmul."""
     return x._lazy if x._lazy is not None else x.compact()
 
@@ -410,7 +411,7 @@ def _new(
     data: np.ndarray | None,
     label: str | None,
     *,
-    lazy: _LazyMatmul | None = None,
+    lazy: LazyMatmul | None = None,
     holders: np.ndarray | None = None,
     category: str | None = None,
 ) -> ShardedArray:

@@ -15,6 +15,20 @@ from .errors import DtypeError
 
 FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
+# A training precision by name: (compute dtype, master dtype or None for none). Here, below
+# plans and training both, so a plan checks its precision's name without loading the trainer.
+PRECISION_DTYPES: dict[str, tuple[str, str | None]] = {
+    "fp32": ("float32", None),
+    "float32": ("float32", None),
+    "fp64": ("float64", None),
+    "float64": ("float64", None),
+    "bf16": ("bfloat16", "float32"),
+    "bfloat16": ("bfloat16", "float32"),
+    "mixed": ("bfloat16", "float32"),
+    "fp16": ("float16", "float32"),
+    "float16": ("float16", "float32"),
+}
+
 
 def resolve_dtype(dtype: Any) -> np.dtype:
     """A NumPy dtype from a name (``"bfloat16"`` comes from ml_dtypes) or a dtype."""

@@ -7,17 +7,30 @@ A value held only on some chips (one pipeline stage's activations) carries a boo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from .errors import ShardingError
-
-if TYPE_CHECKING:
-    from .array import ShardedArray
+from .mesh import Mesh
 
 
-def held_where(*arrays: ShardedArray) -> np.ndarray | None:
+class Held(Protocol):
+    """What these helpers read of a value (a :class:`~shardsim.array.ShardedArray` is one).
+
+    >>> import numpy as np, shardsim
+    >>> held_text(shardsim.shard(np.ones(2), shardsim.Mesh(Z=2), "[D]"))
+    'every chip'
+    """
+
+    @property
+    def holders(self) -> np.ndarray | None: ...
+    @property
+    def mesh(self) -> Mesh: ...
+    def describe(self) -> str: ...
+
+
+def held_where(*arrays: Held) -> np.ndarray | None:
     """The chips holding every one of ``arrays`` (bool, ``mesh.shape``); None when that is all chips.
 
     A value held only on some chips (``holders``, e.g. one pipeline stage's activations) can
@@ -42,7 +55,7 @@ def held_where(*arrays: ShardedArray) -> np.ndarray | None:
     return held
 
 
-def held_text(x: ShardedArray) -> str:
+def held_text(x: Held) -> str:
     """``every chip`` or the chips holding ``x``, e.g. ``(X0,Z1) (X1,Z1)``.
 
     >>> import numpy as np, shardsim

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .mesh import Mesh
 
 # A letter (any script: mesh axes may be named "αβ"), then letters and digits; never "_".
-_NAME = re.compile(r"[^\W\d_][^\W_]*")
+DIM_NAME = re.compile(r"[^\W\d_][^\W_]*")
 # How a JAX user gets a layout from a PartitionSpec, named wherever a spec is mistaken for a layout.
 SPEC_ROUTE = (
     "a JAX PartitionSpec converts with Layout.from_partition_spec(P('X', None), mesh) "
@@ -301,7 +301,7 @@ class _Parser:
 
     def _dim(self, token: str, pos: int) -> Dim:
         name, sep, sub = token.partition("_")
-        if not _NAME.fullmatch(name):
+        if not DIM_NAME.fullmatch(name):
             raise self.fail(pos, f"dimension name {name!r} must be letters and digits, starting with a letter")
         if not sep:
             return Dim(name)
@@ -315,7 +315,7 @@ class _Parser:
                 raise self.fail(pos + len(sub), "missing closing '}'")
             parts = [p.strip() for p in sub[1:-1].split(",")]
             for p in parts:
-                if not _NAME.fullmatch(p):
+                if not DIM_NAME.fullmatch(p):
                     raise self.fail(pos, f"axis name {p!r} must be letters and digits")
             axes = tuple(parts)
         elif self.axis_names is None:

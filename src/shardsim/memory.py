@@ -20,17 +20,61 @@ from __future__ import annotations
 
 import numbers
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ._format import fmt_bytes
 from .errors import OutOfMemoryError, ShardingError
 
-if TYPE_CHECKING:
-    from .array import ShardedArray
-    from .mesh import Mesh
+
+class Chips(Protocol):
+    """What the ledger reads of a mesh (a :class:`~shardsim.mesh.Mesh` is one): it sits below meshes.
+
+    >>> import shardsim
+    >>> shardsim.Mesh(X=2, Y=4).memory.mesh.shape
+    (2, 4)
+    """
+
+    @property
+    def axis_names(self) -> tuple[str, ...]: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def size(self) -> int: ...
+    def chip_name(self, coords: Mapping[str, int]) -> str: ...
+    def chips(self) -> list[dict[str, int]]: ...
+
+
+class Allocation(Protocol):
+    """What the ledger reads of a value it counts (a :class:`~shardsim.array.ShardedArray` is one).
+
+    >>> import numpy as np, shardsim
+    >>> mesh = shardsim.Mesh(X=2)
+    >>> a = shardsim.shard(np.ones((4, 2), np.float32), mesh, "B_X D")
+    >>> a.local_nbytes, int(mesh.memory.live()[0])
+    (16, 16)
+    """
+
+    @property
+    def storage(self) -> int: ...
+    @property
+    def local_nbytes(self) -> int: ...
+    @property
+    def label(self) -> str | None: ...
+    @property
+    def category(self) -> str: ...
+    @property
+    def holders(self) -> np.ndarray | None: ...
+    @property
+    def layout(self) -> object: ...
+    @property
+    def global_shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> np.dtype: ...
+    def describe(self) -> str: ...
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries")
 _MOST = 2**63 - 1  # the ledger's counts are int64: refuse what would wrap them
@@ -58,7 +102,7 @@ class MemoryLedger:
     unlimited) turns an allocation that does not fit into :class:`OutOfMemoryError`.
     """
 
-    def __init__(self, mesh: Mesh) -> None:
+    def __init__(self, mesh: Chips) -> None:
         self.mesh = mesh
         self._capacity: int | None = None
         self._entries: dict[int, _Entry] = {}
@@ -82,7 +126,7 @@ class MemoryLedger:
         self._capacity = None if nbytes is None else int(nbytes)
 
     # -- bookkeeping (called by ShardedArray) -------------------------------------------
-    def allocate(self, value: ShardedArray) -> None:
+    def allocate(self, value: Allocation) -> None:
         shared = self._entries.get(value.storage)
         if shared is not None:  # a view of a live buffer: no new bytes
             shared.users += 1
@@ -112,7 +156,7 @@ class MemoryLedger:
             del self._entries[storage]
             self._add(entry.category, -entry.per_chip)
 
-    def recategorize(self, value: ShardedArray, category: str) -> None:
+    def recategorize(self, value: Allocation, category: str) -> None:
         entry = self._entries.get(value.storage)
         if entry is None or entry.category == category:
             return
@@ -130,7 +174,7 @@ class MemoryLedger:
         np.maximum(self._peak[category], live, out=self._peak[category])
         np.maximum(self._total_peak, self._total, out=self._total_peak)
 
-    def _check_capacity(self, value: ShardedArray, per_chip: np.ndarray) -> None:
+    def _check_capacity(self, value: Allocation, per_chip: np.ndarray) -> None:
         if self.capacity is None:
             return
         after = self._total + per_chip
@@ -206,15 +250,7 @@ class MemoryLedger:
         """
         return f"MemoryLedger({self.mesh!r})"
 
-    def __str__(self) -> str:
-        from .pictures import memory_table
-
-        return memory_table(self)
-
-    def _repr_html_(self) -> str:
-        from .pictures import memory_html
-
-        return memory_html(self)
+    # __str__ and _repr_html_ are the pictures' (shardsim.pictures puts them on the class)
 
 
 # The closed forms the ledger is held to (ZeRO model state, communication, activations).

@@ -229,10 +229,7 @@ class Mesh:
     def __repr__(self) -> str:
         return "Mesh(" + ", ".join(f"{a}={s}" for a, s in self._axes.items()) + ")"
 
-    def _repr_html_(self) -> str:
-        from .pictures import mesh_html
-
-        return mesh_html(self)
+    # _repr_html_ is the pictures' (shardsim.pictures puts it on the class)
 
 
 def _positional_message(axes: Any, positional: tuple[Any, ...]) -> str:

@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from . import activations, engines, tracing
-from .array import ShardedArray, _LazyMatmul, check_same_kind, check_same_mesh, require_array
+from .array import ShardedArray, check_same_kind, check_same_mesh, require_array
 from .dtypes import resolve_dtype
+from .engines.stacked import LazyMatmul
 from .errors import ArgumentTypeError, DtypeError, PartialSumError, ShapeError, ShardingError
 from .holders import held_where
 from .layout import Dim, Layout, matmul_layout
@@ -66,7 +67,7 @@ def matmul(
             nm = len(mesh.shape)
             rhs = rhs.reshape(rhs.shape[:nm] + (1,) * (a.ndim - b.ndim) + rhs.shape[nm:])
         if layout.partial and not (a.is_partial or b.is_partial) and engine.lazy_partials:
-            lazy = _LazyMatmul(lhs, rhs)  # reduced later by folding the chips into K
+            lazy = LazyMatmul(lhs, rhs)  # reduced later by folding the chips into K
         else:
             data = engine.matmul(lhs, rhs)
     held = held_where(a, b)  # a stage's weights meet its activations only on its chips
@@ -229,7 +230,7 @@ def transpose(x: ShardedArray, order: Sequence[int] | None = None, *, label: str
     data, lazy = None, None
     if x._lazy is not None and perm[:-2] == list(range(x.ndim - 2)) and perm[-2:] == [x.ndim - 1, x.ndim - 2]:
         # (A @ B).T = B.T @ A.T: stay a lazy partial
-        lazy = _LazyMatmul(np.swapaxes(x._lazy.rhs, -1, -2), np.swapaxes(x._lazy.lhs, -1, -2))
+        lazy = LazyMatmul(np.swapaxes(x._lazy.rhs, -1, -2), np.swapaxes(x._lazy.lhs, -1, -2))
     elif not x.is_shape_only:
         data = engines.active().transpose(x.compact(), nm, perm)
     if label is None and x.label and perm[-2:] == [x.ndim - 1, x.ndim - 2] and perm[:-2] == list(range(x.ndim - 2)):

@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from ._format import fmt_bytes, table_html, table_text
-
-if TYPE_CHECKING:
-    from .array import ShardedArray
-    from .memory import MemoryLedger
-    from .mesh import Mesh
-    from .tracing import Event, Trace
+from .array import ShardedArray
+from .memory import MemoryLedger
+from .mesh import Mesh
+from .tracing import Event, Trace
 
 
 def block_slices(x: ShardedArray, coords: Mapping[str, int]) -> list[tuple[str, int, int]]:
@@ -137,8 +134,6 @@ def layout_text(x: ShardedArray) -> str:
 
 def show(x: ShardedArray | Trace | Mesh | MemoryLedger) -> None:
     """Print a picture of a sharded value (which block on which chip), a trace or a ledger."""
-    from .array import ShardedArray
-
     print(layout_text(x) if isinstance(x, ShardedArray) else str(x))
 
 
@@ -268,3 +263,16 @@ def trace_html(t: Trace) -> str:
 def memory_html(ledger: MemoryLedger) -> str:
     """:func:`memory_table` as an HTML table: the same cells, bytes right-aligned."""
     return table_html(*_memory_rows(ledger), caption=f"memory of {ledger.mesh!r}")
+
+
+# The display methods, put on the classes here as shardsim.operators puts the operators on arrays:
+# arrays, meshes, ledgers and traces sit below the pictures, so the pictures come to them.
+for _cls, _name, _method in [
+    (ShardedArray, "_repr_html_", array_html),
+    (Mesh, "_repr_html_", mesh_html),
+    (MemoryLedger, "__str__", memory_table),
+    (MemoryLedger, "_repr_html_", memory_html),
+    (Trace, "__str__", trace_table),
+    (Trace, "_repr_html_", trace_html),
+]:
+    setattr(_cls, _name, _method)

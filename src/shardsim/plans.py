@@ -31,9 +31,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .dtypes import PRECISION_DTYPES as PRECISIONS
 from .errors import MeshAxisError, PlanError
 from .mesh import Mesh
-from .training.precision import _NAMES as PRECISIONS
 
 ROLES = ("data", "pipe", "context", "expert", "model")  # mesh order: the tensor-parallel axis innermost
 DEGREE = {"data": "dp", "pipe": "pp", "context": "cp", "expert": "ep", "model": "tp"}

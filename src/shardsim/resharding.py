@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _blocks, collectives, engines
-from .array import ShardedArray, _parse, local_shape_of, require_array, require_mesh, shard
+from .array import ShardedArray, local_shape_of, parse_layout, require_array, require_mesh, shard
 from .errors import ChipFailureError, PartialSumError, ShapeError, ShardingError
 from .layout import Dim, Layout
 from .mesh import Mesh
@@ -174,7 +174,8 @@ def global_from_compact(
 
 # -- target layout --------------------------------------------------------------------------
 def _target(x: ShardedArray, layout: str | Layout) -> Layout:
-    target = _parse(layout, x.mesh, "reshard", ndim=x.ndim, names=x.layout.names)  # a PartitionSpec keeps x's names
+    # a PartitionSpec keeps x's names
+    target = parse_layout(layout, x.mesh, "reshard", ndim=x.ndim, names=x.layout.names)
     _check_same_dims(x, target)
     local_shape_of(x.mesh, target, x.global_shape)  # DivisibilityError naming the dimension
     new_partial = [a for a in target.partial if a not in x.layout.partial]
@@ -362,7 +363,7 @@ def local_slice(
 
 # -- onto another mesh -----------------------------------------------------------------------
 def _host_transfer(x: ShardedArray, layout: str | Layout, mesh: Mesh, label: str | None) -> ShardedArray:
-    target = _parse(layout, mesh, "reshard", ndim=x.ndim, names=x.layout.names)
+    target = parse_layout(layout, mesh, "reshard", ndim=x.ndim, names=x.layout.names)
     _check_same_dims(x, target)
     if target.partial:
         raise PartialSumError(

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import LayoutParseError, MeshAxisError, PartialSumError, ShapeError, ShardingError
-from .layout import _NAME, Dim, Layout  # _NAME: a dimension name, as layouts spell it
+from .layout import DIM_NAME, Dim, Layout
 from .mesh import Mesh
 
 
@@ -304,7 +304,7 @@ def _names(names: Sequence[str] | str | None, rank: int) -> tuple[str, ...]:
     if len(out) != rank:
         raise ShapeError(f"{len(out)} dimension names {list(out)} for an array of {rank} dimensions")
     for n in out:
-        if not isinstance(n, str) or not _NAME.fullmatch(n):
+        if not isinstance(n, str) or not DIM_NAME.fullmatch(n):
             raise LayoutParseError(f"dimension name {n!r} must be letters and digits, starting with a letter")
     return out
 

@@ -20,7 +20,7 @@ import os
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -29,13 +29,59 @@ from .holders import held_where
 
 if TYPE_CHECKING:
     from .array import ShardedArray
-    from .cost.timeline import Timeline
     from .trace_events import TraceSlice
 
 _phase: contextvars.ContextVar[str] = contextvars.ContextVar("shardsim_phase", default="forward")
 _active: contextvars.ContextVar[tuple[Trace, ...]] = contextvars.ContextVar("shardsim_traces", default=())
 _layer: contextvars.ContextVar[int] = contextvars.ContextVar("shardsim_layer", default=-1)
 _item: contextvars.ContextVar[str] = contextvars.ContextVar("shardsim_item", default="")
+
+
+
+class TimedStep(Protocol):
+    """One event of a trace placed on a time line (the cost model's :class:`~shardsim.cost.timeline.Bar`).
+
+    >>> import numpy as np, shardsim
+    >>> from shardsim.cost import get_hardware, timeline_of
+    >>> w = shardsim.shard(np.ones((8, 8), np.float32), shardsim.Mesh(X=4), "D_X F")
+    >>> with shardsim.trace() as t:
+    ...     full = shardsim.all_gather(w, "X")
+    >>> [(b.index, b.op, b.is_compute) for b in timeline_of(t, get_hardware("h100"), w.mesh).bars]
+    [(0, 'all_gather', False)]
+    """
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def op(self) -> str: ...
+    @property
+    def stream(self) -> str: ...
+    @property
+    def start(self) -> float: ...
+    @property
+    def end(self) -> float: ...
+    @property
+    def hidden(self) -> float: ...
+    @property
+    def is_compute(self) -> bool: ...
+
+
+class TimeLine(Protocol):
+    """A trace's events on a time line (the cost model's :class:`~shardsim.cost.timeline.Timeline`): the
+    trace exports it without knowing the cost model.
+
+    >>> import numpy as np, shardsim
+    >>> from shardsim.cost import get_hardware, timeline_of
+    >>> w = shardsim.shard(np.ones((8, 8), np.float32), shardsim.Mesh(X=4), "D_X F")
+    >>> with shardsim.trace() as t:
+    ...     full = shardsim.all_gather(w, "X")
+    >>> len(timeline_of(t, get_hardware("h100"), w.mesh).bars)
+    1
+    """
+
+    @property
+    def bars(self) -> Sequence[TimedStep]: ...
+
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "ppermute")
 
@@ -150,7 +196,7 @@ class Trace:
         return [dataclasses.asdict(e) for e in self.events]
 
     def to_chrome_trace(
-        self, path: str | os.PathLike[str] | None = None, timeline: Timeline | None = None
+        self, path: str | os.PathLike[str] | None = None, timeline: TimeLine | None = None
     ) -> dict[str, Any]:
         """Write the trace as Trace Event Format JSON, which Perfetto and ``chrome://tracing`` open.
 
@@ -175,7 +221,7 @@ class Trace:
 
         return write_chrome_trace(self.chrome_slices(timeline), path, "shardsim trace")
 
-    def chrome_slices(self, timeline: Timeline | None = None) -> list[TraceSlice]:
+    def chrome_slices(self, timeline: TimeLine | None = None) -> list[TraceSlice]:
         """The slices :meth:`to_chrome_trace` exports: one per event, in event order or on ``timeline``."""
         from .trace_events import TraceSlice
 
@@ -198,15 +244,7 @@ class Trace:
             slices.append(TraceSlice(b.stream, _event_name(e), e.phase, *us, args, not b.is_compute))
         return slices
 
-    def __str__(self) -> str:
-        from .pictures import trace_table
-
-        return trace_table(self)
-
-    def _repr_html_(self) -> str:
-        from .pictures import trace_html
-
-        return trace_html(self)
+    # __str__ and _repr_html_ are the pictures' (shardsim.pictures puts them on the class)
 
 
 def _event_track(e: Event) -> str:

@@ -19,6 +19,7 @@ matplotlib; only drawing a PNG does.
 
 from __future__ import annotations
 
+from . import gantt as _gantt  # noqa: F401 - puts the Gantt charts on Timeline
 from .builder import memory_of, program_of
 from .collectives import CommTime, collective_time
 from .critical import Critical, CriticalPair, axis_bandwidth, best_split, critical_batch, critical_both, scheme_mesh

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .critical import critical_batch
 from .estimator import Estimate, sweep
-from .gantt import _pyplot
+from .gantt import pyplot
 from .hardware import Hardware
 from .presets import get_hardware
 
@@ -64,7 +64,7 @@ def crossover_png(
     dpi: int = 150,
 ) -> Figure:
     """Draw ``{hardware name: estimates}``; ``critical`` is ``{hardware: {scheme: tokens/chip}}``."""
-    plt = _pyplot()
+    plt = pyplot()
     cols = len(results)
     fig, axes = plt.subplots(2, cols, figsize=(5.6 * cols, 8.4), squeeze=False, sharex="col")
     for c, (hw_name, rows) in enumerate(results.items()):

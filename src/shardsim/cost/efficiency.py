@@ -37,12 +37,9 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import CostModelError
-
-if TYPE_CHECKING:
-    from .hardware import Hardware
 
 EFFICIENCY_MODES = ("ideal", "calibrated")
 
@@ -230,8 +227,25 @@ class Efficiency:
 IDEAL = Efficiency("ideal")
 
 
+class Measured(Protocol):
+    """What :func:`resolve_efficiency` reads of a chip (a :class:`~shardsim.cost.Hardware` is one):
+    hardware presets carry their calibrations, so the calibrations sit below them.
+
+    >>> from shardsim.cost import get_hardware
+    >>> sorted(get_hardware("h100").calibration.networks)
+    ['nvlink', 'scaleout']
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def networks(self) -> Mapping[str, object]: ...
+    @property
+    def calibration(self) -> Calibration | None: ...
+
+
 def resolve_efficiency(
-    hardware: Hardware, efficiency: str | Efficiency = "ideal", networks: Sequence[str] | None = None
+    hardware: Measured, efficiency: str | Efficiency = "ideal", networks: Sequence[str] | None = None
 ) -> Efficiency:
     """The :class:`Efficiency` of ``hardware`` in mode ``efficiency`` ("ideal" or "calibrated").
 

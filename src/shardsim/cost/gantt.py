@@ -23,10 +23,10 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING, Any
 
+from .timeline import Bar, Timeline
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-
-    from .timeline import Bar, Timeline
 
 OP_COLORS = {
     "all_gather": "#2a9d8f",
@@ -80,7 +80,7 @@ def gantt_png(
     tl: Timeline, path: str | None = None, *, ax: Any = None, title: str | None = None, dpi: int = 150
 ) -> Figure:
     """Draw ``tl`` with matplotlib: compute by phase, collectives by kind, exposed time in red."""
-    plt = _pyplot()
+    plt = pyplot()
     scale, unit = _unit(tl.step_s)
     streams = tl.streams()
     rows = [*streams, "compute waits"]
@@ -140,7 +140,12 @@ def gantt_png(
     return fig
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (files, no window), or an ImportError saying what to install.
+
+    >>> pyplot().__name__
+    'matplotlib.pyplot'
+    """
     try:
         import matplotlib
 
@@ -198,3 +203,9 @@ def _unit(seconds: float) -> tuple[float, str]:
 
 def _num(x: float) -> str:
     return f"{x:.3g}"
+
+
+# The charts, put on the class here as shardsim.pictures puts the pictures on arrays: the time
+# line sits below its charts, so the charts come to it.
+for _name, _chart in (("text", gantt_text), ("plot", gantt_png)):
+    setattr(Timeline, _name, _chart)

@@ -166,17 +166,15 @@ class Timeline:
                     total[key] = max(total.get(key, 0.0), seconds)
         return out
 
-    def text(self, width: int = 100) -> str:
-        """The Gantt chart as text (see :func:`shardsim.cost.gantt.gantt_text`)."""
-        from .gantt import gantt_text
+    if TYPE_CHECKING:  # the charts' (shardsim.cost.gantt puts them on the class: charts sit above time lines)
 
-        return gantt_text(self, width)
+        def text(self, width: int = 100) -> str:
+            """The Gantt chart as text (see :func:`shardsim.cost.gantt.gantt_text`)."""
+            ...
 
-    def plot(self, path: str | None = None, **kwargs: Any) -> Figure:
-        """The Gantt chart as a matplotlib figure, saved to ``path`` if given (PNG)."""
-        from .gantt import gantt_png
-
-        return gantt_png(self, path, **kwargs)
+        def plot(self, path: str | None = None, **kwargs: Any) -> Figure:
+            """The Gantt chart as a matplotlib figure, saved to ``path`` if given (PNG)."""
+            ...
 
     def to_chrome_trace(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         """Write the time line as Trace Event Format JSON (Perfetto, ``chrome://tracing``).

@@ -19,21 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import FLOAT_NAMES, resolve_dtype
+from ..dtypes import FLOAT_NAMES, PRECISION_DTYPES, resolve_dtype
 from ..errors import DtypeError, ShardingError
 from .scaling import DynamicLossScale, check_scale
-
-_NAMES = {
-    "fp32": ("float32", None),
-    "float32": ("float32", None),
-    "fp64": ("float64", None),
-    "float64": ("float64", None),
-    "bf16": ("bfloat16", "float32"),
-    "bfloat16": ("bfloat16", "float32"),
-    "mixed": ("bfloat16", "float32"),
-    "fp16": ("float16", "float32"),
-    "float16": ("float16", "float32"),
-}
 
 
 @dataclass(frozen=True)
@@ -82,12 +70,13 @@ class Precision:
         """
         if isinstance(spec, Precision):
             base = spec
-        elif isinstance(spec, str) and spec in _NAMES:
-            compute, master = _NAMES[spec]
+        elif isinstance(spec, str) and spec in PRECISION_DTYPES:
+            compute, master = PRECISION_DTYPES[spec]
             base = cls(resolve_dtype(compute), None if master is None else resolve_dtype(master))
         else:
             raise ShardingError(
-                f"unknown precision {spec!r}; choose one of {sorted(_NAMES)} or pass a shardsim.training.Precision"
+                f"unknown precision {spec!r}; choose one of {sorted(PRECISION_DTYPES)} "
+                "or pass a shardsim.training.Precision"
             )
         return cls(
             base.compute,

@@ -26,7 +26,7 @@ from ..context import AttentionSaved, balanced_order, context_attention, context
 from ..context.problem import geometry
 from ..mesh import Mesh
 from ..pieces import blockwise
-from .local import _per_chip
+from .local import per_chip
 from .roles import Roles
 
 
@@ -64,7 +64,7 @@ def position_grads(dx: ShardedArray, pos: ShardedArray, partial: tuple[str, ...]
             out[pb] = ab.sum(axis=0)
             return out
 
-        return _per_chip(one, a, p, nm=nm)
+        return per_chip(one, a, p, nm=nm)
 
     layout = "[S, D]{" + ", ".join(f"U_{a}" for a in partial) + "}"
     return blockwise(fn, [dx, pos], (layout, (seq, d), dx.dtype), label="dpos_embed")

@@ -198,7 +198,7 @@ def rope(
     nm = _nm(x)
 
     def fn(a: np.ndarray, p: np.ndarray) -> np.ndarray:
-        return _per_chip(lambda ab, pb: reference.rope(ab, pb * sign, theta).astype(ab.dtype), a, p, nm=nm)
+        return per_chip(lambda ab, pb: reference.rope(ab, pb * sign, theta).astype(ab.dtype), a, p, nm=nm)
 
     return blockwise(fn, [x, positions], (x.layout, x.global_shape, x.dtype), label=x.label)
 
@@ -229,8 +229,15 @@ def _offsets(x: ShardedArray, model: str | None, rows: int) -> np.ndarray:
     return (np.arange(x.mesh.axis_size(model)) * rows).reshape(shape)
 
 
-def _per_chip(fn: Callable[..., np.ndarray], *arrays: np.ndarray, nm: int) -> np.ndarray:
-    """``fn`` once per chip's blocks (for row gathers and scatters NumPy cannot broadcast)."""
+def per_chip(fn: Callable[..., np.ndarray], *arrays: np.ndarray, nm: int) -> np.ndarray:
+    """``fn`` once per chip's blocks (for row gathers and scatters NumPy cannot broadcast): the
+    first ``nm`` dimensions of ``arrays`` are the mesh's, broadcast against each other.
+
+    >>> import numpy as np
+    >>> per_chip(lambda a: a[::-1], np.arange(6).reshape(2, 3), nm=1)
+    array([[2, 1, 0],
+           [5, 4, 3]])
+    """
     lead = np.broadcast_shapes(*(a.shape[:nm] for a in arrays))
     full = [np.broadcast_to(a, lead + a.shape[nm:]) for a in arrays]
     first = fn(*(a[(0,) * nm] for a in full))
@@ -255,7 +262,7 @@ def embed_lookup(embed: ShardedArray, tokens: ShardedArray, model: str | None) -
         def rows(eb: np.ndarray, lb: np.ndarray, mb: np.ndarray) -> np.ndarray:
             return np.where(mb[..., None], eb[np.where(mb, lb, 0)], 0).astype(eb.dtype)
 
-        return _per_chip(rows, e, local, mine, nm=nm)
+        return per_chip(rows, e, local, mine, nm=nm)
 
     return blockwise(fn, [embed, tokens], (layout, shape, embed.dtype), label="Embedded")
 
@@ -280,7 +287,7 @@ def embed_scatter(
             np.add.at(out, lb[mine], db[mine])
             return out
 
-        return _per_chip(add, d, local, nm=nm)
+        return per_chip(add, d, local, nm=nm)
 
     return blockwise(fn, [dx, tokens], (layout, (vocab, dx.global_shape[-1]), dx.dtype), label="dEmbed")
 
