@@ -7,7 +7,7 @@ Run by hand (not by pytest):
     python benchmarks/calibration.py --fit      # refit each chip's elementwise_passes on its "fit" rows
     python benchmarks/calibration.py --all      # print the runs table with every row (tens of minutes)
 
-Every number comes from ``shardsim.cost.calibration`` (``table``, ``constants_table``), the
+Every number comes from ``shardsim.calibration`` (``table``, ``constants_table``), the
 collective comparison (``shardsim.cost.measured``) and the critical batches under both
 efficiency modes (``shardsim.cost.critical.critical_table``); nothing is typed by hand.
 """

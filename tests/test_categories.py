@@ -15,7 +15,7 @@ D, F, B = 4, 8, 4
 
 
 def _run(name: str, mesh: shardsim.Mesh):
-    params = shardsim.mlp.init(D, F)
+    params = shardsim.models.reference_mlp.init(D, F)
     x = np.ones((B, D), np.float32)
     return run_strategy(name, mesh, params, x, x)
 

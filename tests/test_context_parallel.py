@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 import shardsim as ss
 from attention_reference import attention, attention_backward
 from finite_differences import numeric_grad
-from shardsim.context import balanced_order, context_attention, context_attention_backward
 from shardsim.dtypes import eps, resolve_dtype, tolerance
+from shardsim.strategies.context import balanced_order, context_attention, context_attention_backward
 from shardsim.tracing import Trace, phase
 from strategies_core import deep
 

@@ -139,7 +139,7 @@ def _context_attention_trace(method):
     import numpy as np
 
     import shardsim as ss
-    from shardsim.context import balanced_order, context_attention, context_attention_backward
+    from shardsim.strategies.context import balanced_order, context_attention, context_attention_backward
 
     mesh = ss.Mesh(C=4)
     B, S, N, H = 1, 64, 2, 16

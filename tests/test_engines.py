@@ -28,7 +28,7 @@ def test_shardsim_never_imports_jax() -> None:
         "import sys, numpy as np, shardsim\n"
         "from shardsim.training import Trainer\n"
         "from shardsim import cli\n"
-        "p = shardsim.mlp.init(4, 8); x = np.ones((2, 4), np.float32)\n"
+        "p = shardsim.models.reference_mlp.init(4, 8); x = np.ones((2, 4), np.float32)\n"
         "shardsim.run_strategy('fsdp_tp', shardsim.Mesh(X=2, Y=2), p, x, x)\n"
         "Trainer('zero1', shardsim.Mesh(X=2), p).step(x, x)\n"
         "cli.main(['demo', '--quiet'])\n"
@@ -69,7 +69,7 @@ def test_the_default_engine_is_the_stacked_one() -> None:
             seen.append("matmul")
             return super().matmul(*args)
 
-    p = shardsim.mlp.init(4, 8)
+    p = shardsim.models.reference_mlp.init(4, 8)
     x = np.ones((4, 4), np.float32)
     with engines.use(Counting()):
         r = shardsim.run_strategy("fsdp", shardsim.Mesh(X=2), p, x, x)

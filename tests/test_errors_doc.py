@@ -36,7 +36,7 @@ EXAMPLES = 44  # every example on the page; a new one needs its line in SETUP or
 
 # what the prose around an example sets up, as statements run before the example's code
 PARAMS = 'params = reference.init(get("gpt-tiny"))'
-MLP_ARGS = "params = shardsim.mlp.init_stack(2, 8, 16)\nx = np.zeros((8, 8), np.float32)\ndout = x"
+MLP_ARGS = "params = shardsim.models.reference_mlp.init_stack(2, 8, 16)\nx = np.zeros((8, 8), np.float32)\ndout = x"
 SETUP = {
     'shard(a, Mesh(X=2, Y=2), "X, None")': "a = np.zeros((4, 8))",
     'shard(a, mesh, "[B_X, 3D]")': "a = np.zeros((4, 8))",
@@ -205,9 +205,9 @@ def raised(example: Example, monkeypatch: pytest.MonkeyPatch) -> tuple[type[Base
     """The type and message of what ``example`` raises; a command's is the line it prints (the
     command line reports errors, it does not raise them, so it has no type to compare)."""
     if example.code.startswith("shardsim "):
-        from shardsim import _cli_args  # the host's free memory, read where the command line reads it
+        from shardsim import host  # the host's free memory, read where the command line reads it
 
-        monkeypatch.setattr(_cli_args, "available_memory", lambda: HOST_MEMORY)
+        monkeypatch.setattr(host, "available_memory", lambda: HOST_MEMORY)
         stderr = io.StringIO()
         monkeypatch.setattr(sys, "stderr", stderr)
         assert cli.main(shlex.split(example.code)[1:]) == 2

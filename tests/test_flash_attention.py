@@ -9,11 +9,11 @@ import pytest
 
 import attention_reference
 from shardsim import Mesh, PlanError, PlannerError, ShapeDtype, ShapeError, ShardingError, shard
-from shardsim.context import context_attention, context_attention_backward
 from shardsim.cost import get_hardware, timeline_of
 from shardsim.models import TransformerConfig, get
 from shardsim.planner import plan as search
 from shardsim.plans import Plan
+from shardsim.strategies.context import context_attention, context_attention_backward
 from shardsim.transformer.run import run_model
 from test_run_model import check_against_reference
 

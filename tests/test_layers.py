@@ -49,7 +49,18 @@ FRONT_ENDS = {"__main__", "cli", "_cli_args", "_cli_output", "_options", "suppor
 # same tuple in dependency order (left may not import right).
 LAYERS: list[tuple[str, ...]] = [
     ("errors",),
-    ("_blocks", "_divisors", "dtypes", "formulas", "activations", "_format", "_files", "_output_file", "trace_events"),
+    (
+        "_blocks",
+        "_divisors",
+        "dtypes",
+        "formulas",
+        "activations",
+        "_format",
+        "host",
+        "_files",
+        "_output_file",
+        "trace_events",
+    ),
     ("layout",),
     ("memory",),  # the ledger counts bytes per chip: it knows nothing of meshes' users or arrays
     ("mesh",),
@@ -71,48 +82,47 @@ UPWARD_EXCEPTIONS: set[tuple[str, str]] = {
     # the JAX program of the schemes: belongs with the schemes, above them (engines/ holds kernels)
     ("shardsim.engines.jax.program", "shardsim.strategies"),
     ("shardsim.engines.jax.program", "shardsim.strategies.base"),
+    ("shardsim.engines.jax.program", "shardsim.strategies.result"),
     ("shardsim.engines.jax.program", "shardsim.strategies.runner"),
-    # the cost commands go to cli/ with the other front ends
-    ("shardsim.cost", "shardsim.cost.cli"),
-    # the footprint reads cost.program's per-chip bytes: that helper belongs in training (or core)
-    ("shardsim.training.footprint", "shardsim.cost.program"),
+    # a model's memory reads the shared cache of traced training steps, which sits in cost: it goes to training
+    ("shardsim.training.footprint", "shardsim.cost.builder"),
     # the compute dtype of a plan's precision: dtypes.PRECISION_DTYPES[plan.precision][0]
     ("shardsim.transformer.run", "shardsim.training.precision"),
 }
 CIRCLE_EXCEPTIONS: set[frozenset[str]] = {
-    # the estimate and its model and critical-batch forms share helpers: they go to a module below all three
-    frozenset({"shardsim.cost.critical", "shardsim.cost.estimator", "shardsim.cost.model_estimate"}),
-    # the footprint above (training imports cost.program, which imports training)
-    frozenset({"shardsim.cost.program", "shardsim.training", "shardsim.training.footprint"}),
+    # the estimate's entry and its sweep and critical-batch forms call each other: the entry goes below both
+    frozenset({"shardsim.cost.critical", "shardsim.cost.estimator", "shardsim.cost.sweeps"}),
+    # the footprint above (training imports cost.builder, whose programs import training)
+    frozenset(
+        {
+            "shardsim.cost.builder",
+            "shardsim.cost.model_steps",
+            "shardsim.cost.program",
+            "shardsim.training",
+            "shardsim.training.footprint",
+        }
+    ),
+    # the step programs name the Trainer they run for in their types: a protocol of what they read
+    frozenset(
+        {
+            "shardsim.training.jax_step",
+            "shardsim.training.mlp_step",
+            "shardsim.training.model_step",
+            "shardsim.training.trainer",
+        }
+    ),
+    # run_model imports the pipelined path, which imports run's helpers back: they go to a module of their own
+    frozenset({"shardsim.transformer.pipelined", "shardsim.transformer.run"}),
     # strategies.plans imports the registry; the registry imports it back
     frozenset({"shardsim.strategies", "shardsim.strategies.plans"}),
-    # the trainer imports its JAX and model forms, which import its helpers back
-    frozenset({"shardsim.training.jax_step", "shardsim.training.model_trainer", "shardsim.training.trainer"}),
-    # run_model imports the pipelined path, which imports run's helpers back
-    frozenset({"shardsim.transformer.pipelined", "shardsim.transformer.run"}),
 }
 PRIVATE_EXCEPTIONS: set[tuple[str, str, str]] = {
-    ("shardsim.cost.critical", "shardsim.cost.estimator", "_is_model"),
-    ("shardsim.cost.model_estimate", "shardsim.cost.estimator", "_gb"),
-    ("shardsim.cost.model_estimate", "shardsim.cost.estimator", "_memory_source"),
-    ("shardsim.cost.model_estimate", "shardsim.cost.estimator", "_ms"),
     ("shardsim.models.reference", "shardsim.models.reference_block", "_block_backward"),
     ("shardsim.models.reference", "shardsim.models.reference_block", "_block_forward"),
     ("shardsim.models.reference", "shardsim.models.reference_block", "_masks"),
     ("shardsim.models.reference", "shardsim.models.reference_block", "_norm"),
     ("shardsim.models.reference", "shardsim.models.reference_block", "_norm_backward"),
-    ("shardsim.planner.evaluate", "shardsim.pipeline.schedule", "_needs"),
-    ("shardsim.planner.program", "shardsim.cost.program", "_per_chip"),
-    ("shardsim.training.footprint", "shardsim.cost.program", "_per_chip"),
-    ("shardsim.training.jax_step", "shardsim.training.trainer", "_place"),
-    ("shardsim.training.jax_step", "shardsim.training.trainer", "_reductions_in"),
-    ("shardsim.training.model_trainer", "shardsim.training.trainer", "_Undo"),
-    ("shardsim.training.model_trainer", "shardsim.training.trainer", "_in_c_order"),
-    ("shardsim.training.model_trainer", "shardsim.training.trainer", "_optimizer"),
-    ("shardsim.training.model_trainer", "shardsim.training.trainer", "_owned"),
-    ("shardsim.training.model_trainer", "shardsim.training.trainer", "_roll_back"),
-    ("shardsim.training.model_trainer", "shardsim.training.trainer", "_spec_of"),
-    ("shardsim.training.model_trainer", "shardsim.training.trainer", "_zeros_like"),
+    ("shardsim.planner.evaluate", "shardsim.strategies.pipeline.schedule", "_needs"),
     ("shardsim.transformer.demo", "shardsim.transformer.run", "_place"),
     ("shardsim.transformer.demo", "shardsim.transformer.run", "_tokens"),
     ("shardsim.transformer.pipelined", "shardsim.transformer.run", "_Gradients"),

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 import attention_reference
 import shardsim as ss
-from shardsim.context import balanced_order, context_attention, context_attention_backward
 from shardsim.models import TransformerConfig, reference
 from shardsim.models.reference_attention import attention_forward, attention_grads
-from shardsim.norm import layer_norm
+from shardsim.models.reference_norm import layer_norm
 from shardsim.plans import Plan
+from shardsim.strategies.context import balanced_order, context_attention, context_attention_backward
 from shardsim.transformer import norms
 from shardsim.transformer.run import run_model
 

@@ -1,8 +1,8 @@
 """The one sharded norm (``shardsim.strategies.norms``) against the one single-device norm
-(``shardsim.norm``) and finite differences: LayerNorm and RMSNorm, with and without beta, on
+(``shardsim.models.reference_norm``) and finite differences: LayerNorm and RMSNorm, with and without beta, on
 replicated, sequence-parallel, data-parallel and mixed layouts.
 
-Expected values: ``shardsim.norm``'s NumPy norms, central differences of the sharded forward
+Expected values: ``shardsim.models.reference_norm``'s NumPy norms, central differences of the sharded forward
 itself, and the order of floating-point operations written out in NumPy below.
 """
 
@@ -59,7 +59,7 @@ def sharded(mesh: ss.Mesh, layout: str, v: dict[str, np.ndarray]) -> dict[str, s
 
 
 def single_device(kind: str, has_beta: bool, v: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """``shardsim.norm``'s forward and ``(dx, {"gamma", "beta"})``."""
+    """``shardsim.models.reference_norm``'s forward and ``(dx, {"gamma", "beta"})``."""
     if kind == "layernorm":
         beta = v["beta"] if has_beta else np.zeros_like(v["beta"])
         dx, dgamma, dbeta = norm.layer_norm_backward(v["x"], v["gamma"], v["dy"], EPS)

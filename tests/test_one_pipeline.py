@@ -12,9 +12,9 @@ import shardsim as ss
 from shardsim.array import ShardedArray, shard
 from shardsim.models import TransformerConfig, reference
 from shardsim.pieces import place, split
-from shardsim.pipeline import Pipeline, PipelineStep, Schedule, make
 from shardsim.plans import Plan
 from shardsim.strategies import pp
+from shardsim.strategies.pipeline import Pipeline, PipelineStep, Schedule, make
 from shardsim.transformer.run import run_model
 
 D = 3

@@ -12,9 +12,9 @@ from finite_differences import numeric_grad
 from shardsim import mlp, strategies
 from shardsim.array import shard
 from shardsim.dtypes import tolerance
-from shardsim.pipeline import gpipe, interleaved, make, one_f_one_b
 from shardsim.strategies import pp
 from shardsim.strategies.base import Ctx
+from shardsim.strategies.pipeline import gpipe, interleaved, make, one_f_one_b
 from shardsim.tracing import phase, trace
 
 

@@ -1,6 +1,6 @@
 """A single-device training reference, written apart from shardsim's optimizers.
 
-Plain functional NumPy in float64: the reference MLP stack (``shardsim.mlp``, itself checked
+Plain functional NumPy in float64: the reference MLP stack (``shardsim.models.reference_mlp``, itself checked
 against finite differences), the mean squared error, and SGD / Adam written from their
 papers' formulas, one new array per step (no in-place tricks). Alongside the weights it
 carries a bound on how far a run in a lower precision may drift from it (see ``Bound``).

@@ -33,7 +33,7 @@ def inputs() -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     import shardsim
 
     rng = np.random.default_rng(0)
-    params = shardsim.mlp.init(D, F, seed=0)
+    params = shardsim.models.reference_mlp.init(D, F, seed=0)
     return params, rng.standard_normal((B, D)).astype(np.float32), rng.standard_normal((B, D)).astype(np.float32)
 
 

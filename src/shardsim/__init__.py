@@ -54,11 +54,14 @@ from .resharding import reshard
 from .tracing import Trace, phase, trace
 
 if TYPE_CHECKING:  # loaded on first use (see __getattr__), named here for type checkers
-    from . import checkpoint, cost, formulas, memory, mlp, models, moe, norm, pieces, pipeline, training
+    from . import checkpoint, cost, formulas, memory, models, pieces, training
+    from .models import reference_mlp as mlp
+    from .models import reference_moe as moe
+    from .models import reference_norm as norm
     from .pictures import show
     from .planner import plan
     from .plans import Plan
-    from .strategies import run_strategy
+    from .strategies import pipeline, run_strategy
     from .training import Trainer, train_step
     from .transformer import run_model
 
@@ -80,7 +83,14 @@ _LAZY = {
 # a submodule under it) keeps working and gives the very module, and so the very classes, the
 # new name gives, never a second copy. The one list of moves (docs/design.md, "Layers and
 # folders"); a name and everything under it follows the move.
-_MOVED: dict[str, str] = {}
+_MOVED: dict[str, str] = {
+    "shardsim.mlp": "shardsim.models.reference_mlp",
+    "shardsim.moe": "shardsim.models.reference_moe",
+    "shardsim.norm": "shardsim.models.reference_norm",
+    "shardsim.pipeline": "shardsim.strategies.pipeline",
+    "shardsim.context": "shardsim.strategies.context",
+    "shardsim.cost.calibration": "shardsim.calibration",
+}
 
 
 def _moved_name(name: str) -> str | None:

@@ -1,6 +1,6 @@
 """Files shardsim writes where it is told to (``--chrome-trace``, ``--png``, ``export_chrome_trace``).
 
-They are written as a checkpoint writes its own (:mod:`shardsim.checkpoint._files`): into a fresh
+They are written as a checkpoint writes its own (:mod:`shardsim._files`): into a fresh
 file beside the target, opened relative to the folder's descriptor with ``O_EXCL | O_NOFOLLOW``,
 then renamed over the target in one step. So a symbolic link planted at the path is replaced,
 never written through (nor is a dangling link's target created), a FIFO there cannot block the
@@ -28,7 +28,7 @@ import stat
 import uuid
 from pathlib import Path
 
-from .checkpoint._files import DIRECTORY, cause, create, fsync_dir, kind, write_all
+from ._files import DIRECTORY, cause, create, fsync_dir, kind, write_all
 
 
 def output_problem(path: str | os.PathLike[str], suffix: str = ".json") -> str | None:

@@ -6,7 +6,7 @@ Degrees: ``dp`` (data parallel), ``tp`` (tensor parallel), ``pp`` (pipeline stag
 Megatron sequence parallelism inside the tensor-parallel group; ``schedule``,
 ``microbatches`` and ``virtual_stages`` describe the pipeline; ``cp_method`` is the context-parallel
 attention (``ring`` or ``all_gather``) and ``cp_balanced`` its causal load balancing (the
-zigzag order of :func:`shardsim.context.balanced_order`; False: contiguous blocks); ``attention`` is
+zigzag order of :func:`shardsim.strategies.context.balanced_order`; False: contiguous blocks); ``attention`` is
 the attention kernel without context parallelism (``standard``: the ``[B, N, S, S]`` scores and
 probabilities in memory, as Megatron-LM ran it before FlashAttention; ``flash``: FlashAttention's
 online softmax over 128-row tiles, only the output and its log-sum-exp kept; context-parallel

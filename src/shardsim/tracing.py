@@ -102,7 +102,7 @@ class Event:
     of work it belongs to (``"F2.0"``: forward of virtual stage 2 on microbatch 0; ``""``
     without a pipeline). A cost model reads both to rebuild a deep program from a shallow one.
     ``kernel`` is ``"attention"`` for a block matmul of fused (online-softmax) attention, whose
-    scores stay on chip (:mod:`shardsim.context`); ``""`` for any other step.
+    scores stay on chip (:mod:`shardsim.strategies.context`); ``""`` for any other step.
     """
 
     index: int

@@ -49,7 +49,7 @@ def cases(draw: st.DrawFn, schemes: tuple[str, ...] = SUPPORTED) -> Case:
     dtype = draw(st.sampled_from([np.float32, np.float64]))
     seed = draw(st.integers(0, 2**16))
     rng = np.random.default_rng(seed)
-    params = {k: v.astype(dtype) for k, v in shardsim.mlp.init(d, f, seed=seed).items()}
+    params = {k: v.astype(dtype) for k, v in shardsim.models.reference_mlp.init(d, f, seed=seed).items()}
     return Case(
         name,
         dict(zip(names, sizes)),

@@ -12,7 +12,7 @@ from shardsim import EngineError  # noqa: E402
 from shardsim.engines import jax as engine  # noqa: E402
 from shardsim.engines.jax import program  # noqa: E402
 
-P = shardsim.mlp.init(8, 16)
+P = shardsim.models.reference_mlp.init(8, 16)
 X = np.ones((8, 8), np.float32)
 
 

@@ -58,10 +58,10 @@ def test_jax_engine_equals_numpy_engine(case: Case, jax_mesh: bool) -> None:
 
 def test_result_is_the_reference_mlp() -> None:
     """Independently of the NumPy engine: the single-device MLP's output and gradients."""
-    p = shardsim.mlp.init(8, 16, seed=3, dtype="float64")
+    p = shardsim.models.reference_mlp.init(8, 16, seed=3, dtype="float64")
     rng = np.random.default_rng(3)
     x, dout = rng.standard_normal((8, 8)), rng.standard_normal((8, 8))
     r = engine.run_strategy("fsdp_tp", shardsim.Mesh(X=4, Y=2), p, x, dout, activation="gelu")
-    np.testing.assert_allclose(r.out, shardsim.mlp.forward(p, x, "gelu"), rtol=1e-12, atol=1e-12)
-    for k, v in shardsim.mlp.backward(p, x, dout, "gelu").items():
+    np.testing.assert_allclose(r.out, shardsim.models.reference_mlp.forward(p, x, "gelu"), rtol=1e-12, atol=1e-12)
+    for k, v in shardsim.models.reference_mlp.backward(p, x, dout, "gelu").items():
         np.testing.assert_allclose(r.grads[k], v, rtol=1e-12, atol=1e-12, err_msg=k)

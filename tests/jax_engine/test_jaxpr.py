@@ -83,7 +83,7 @@ def dot_flops(eqn: Any) -> int:
 def test_jaxpr_collectives_are_the_trace(name: str, shape: dict[str, int], axes: dict[str, str] | None) -> None:
     mesh = shardsim.Mesh(shape)
     n_all = mesh.size
-    p = shardsim.mlp.init(2 * n_all, 4 * n_all, seed=1)
+    p = shardsim.models.reference_mlp.init(2 * n_all, 4 * n_all, seed=1)
     x = np.random.default_rng(1).standard_normal((2 * n_all, 2 * n_all)).astype(np.float32)
     want = shardsim.run_strategy(name, shardsim.Mesh(shape), p, x, x, activation="relu", axes=axes).trace
     fn, args = engine.compile(name, mesh, p, x, x, activation="relu", axes=axes)
@@ -107,7 +107,7 @@ def test_jaxpr_collectives_are_the_trace(name: str, shape: dict[str, int], axes:
 
 def test_jaxpr_of_a_jax_mesh_names_its_axes() -> None:
     jmesh = jax.make_mesh((2, 4), ("data", "model"), devices=jax.devices()[:8])
-    p = shardsim.mlp.init(8, 16)
+    p = shardsim.models.reference_mlp.init(8, 16)
     x = np.ones((8, 8), np.float32)
     fn, args = engine.compile("fsdp_tp", jmesh, p, x, x)
     assert args[1].sharding.spec == jax.sharding.PartitionSpec("data", "model")
@@ -145,7 +145,7 @@ def test_compiled_program_is_the_hand_written_one() -> None:
         spec.loader.exec_module(hand)
     finally:
         sys.path.remove(str(bench))
-    p = shardsim.mlp.init(32, 64, seed=0)
+    p = shardsim.models.reference_mlp.init(32, 64, seed=0)
     x = np.ones((16, 32), np.float32)
     for name, mesh in hand.MESHES.items():
         fn, args = engine.compile(name, shardsim.Mesh(mesh), p, x, x, activation="relu")

@@ -34,7 +34,7 @@ CASES = [
 @pytest.mark.parametrize(("name", "shape", "opt"), CASES)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_jax_trainer_equals_numpy_trainer(name: str, shape: dict[str, int], opt: object, dtype: str) -> None:
-    params = shardsim.mlp.init_stack(2, 8, 16, seed=2, dtype=dtype)
+    params = shardsim.models.reference_mlp.init_stack(2, 8, 16, seed=2, dtype=dtype)
     rng = np.random.default_rng(2)
     x, y = rng.standard_normal((8, 8)).astype(dtype), rng.standard_normal((8, 8)).astype(dtype)
     got = Trainer(name, shardsim.Mesh(shape), params, opt, activation="gelu", engine="jax")
@@ -67,7 +67,7 @@ def test_jax_trainer_equals_numpy_trainer(name: str, shape: dict[str, int], opt:
 
 
 def test_the_step_is_one_jitted_program_with_sharded_state() -> None:
-    t = Trainer("zero1", shardsim.Mesh(X=4), shardsim.mlp.init(8, 16), Adam(lr=0.01), engine="jax")
+    t = Trainer("zero1", shardsim.Mesh(X=4), shardsim.models.reference_mlp.init(8, 16), Adam(lr=0.01), engine="jax")
     x = np.ones((4, 8), np.float32)
     t.step(x, 0 * x)
     step = t._engine_step
@@ -100,7 +100,7 @@ def test_mixed_precision_jax_trainer_equals_numpy_trainer(name: str, shape: dict
     the gradients' scale. Adam divides by ``sqrt(v)``, so a gradient near zero may flip its
     step's sign: its masters agree to the steps' size, ``2 lr`` per step.
     """
-    params = shardsim.mlp.init_stack(2, 8, 16, seed=3, dtype="float32")
+    params = shardsim.models.reference_mlp.init_stack(2, 8, 16, seed=3, dtype="float32")
     rng = np.random.default_rng(3)
     x, y = rng.standard_normal((8, 8)).astype("float32"), rng.standard_normal((8, 8)).astype("float32")
     got = Trainer(name, shardsim.Mesh(shape), params, opt, activation="gelu", precision="bf16", engine="jax")
@@ -137,7 +137,7 @@ def test_a_reduce_dtype_reduces_the_gradients_in_it_as_on_numpy(name: str, shape
     """bf16 compute, float32 masters, gradients reduced over the data axis in float32
     (FSDP's ``MixedPrecision(reduce_dtype=float32)``): the same trace, dtypes and bytes as the
     NumPy trainer's, the masters equal to a float32 ulp."""
-    params = shardsim.mlp.init_stack(2, 8, 16, seed=3, dtype="float32")
+    params = shardsim.models.reference_mlp.init_stack(2, 8, 16, seed=3, dtype="float32")
     rng = np.random.default_rng(3)
     x, y = rng.standard_normal((8, 8)).astype("float32"), rng.standard_normal((8, 8)).astype("float32")
     opts = {"activation": "gelu", "precision": "bf16", "reduce_dtype": "float32"}
@@ -156,7 +156,7 @@ def test_a_reduce_dtype_reduces_the_gradients_in_it_as_on_numpy(name: str, shape
 
 
 def test_refused_before_tracing() -> None:
-    p = shardsim.mlp.init(8, 16)
+    p = shardsim.models.reference_mlp.init(8, 16)
     for kwargs in ({"precision": "fp16"}, {"precision": "bf16", "loss_scale": 8.0}, {"loss_scale": 8.0}):
         with pytest.raises(EngineError, match="no loss scaling or float16 overflow checks yet"):
             Trainer("ddp", shardsim.Mesh(X=2), p, engine="jax", **kwargs)
@@ -173,7 +173,7 @@ def test_refused_before_tracing() -> None:
 def test_a_failed_chip_fails_the_step_as_on_numpy_before_any_work(
     name: str, shape: dict[str, int], chip: dict[str, int]
 ) -> None:
-    params = shardsim.mlp.init_stack(2, 8, 16, seed=2)
+    params = shardsim.models.reference_mlp.init_stack(2, 8, 16, seed=2)
     x = np.random.default_rng(2).standard_normal((8, 8)).astype(np.float32)
     mesh = shardsim.Mesh(shape)
     got = Trainer(name, mesh, params, Adam(lr=0.01), engine="jax")
@@ -204,7 +204,7 @@ class _Signed(SGD):
 
 def test_both_engines_run_the_optimizers_own_update() -> None:
     """The JAX step has no optimizer arithmetic of its own: an optimizer's ``apply`` is what runs."""
-    params = shardsim.mlp.init(8, 16, seed=4, dtype="float32")
+    params = shardsim.models.reference_mlp.init(8, 16, seed=4, dtype="float32")
     x = np.random.default_rng(4).standard_normal((8, 8)).astype(np.float32)
     runs = {}
     for engine in ("jax", "numpy"):

@@ -35,7 +35,7 @@ True
 
 from __future__ import annotations
 
-from ._files import INDEX
+from .._files import INDEX
 from ._index import FORMAT, MAX_DEPTH, MAX_INDEX_BYTES, VERSION
 from ._index import digest as _index_digest  # noqa: F401 - tests forge indexes with it
 from ._load import load, read_index

@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from .._files import INDEX
 from ..array import ShardedArray
 from ..dtypes import resolve_dtype
 from ..errors import CheckpointError, ShardsimError
 from ..layout import Dim, Layout
-from ._files import INDEX
 
 FORMAT = "shardsim-checkpoint"
 VERSION = 2

@@ -15,13 +15,14 @@ from typing import Any, TypeVar
 import numpy as np
 from numpy.lib import format as npy
 
+from .. import _files
+from .._files import BLOCK_NAME, INDEX, Folder
 from ..array import ShardedArray, compact_shape, local_shape_of, shard
 from ..errors import CheckpointError, ShardsimError
 from ..layout import Layout
 from ..mesh import Mesh
 from ..resharding import global_from_compact
-from . import _files, _index
-from ._files import BLOCK_NAME, INDEX, Folder
+from . import _index
 
 MAX_HEADER = 4096  # bytes of .npy header allowed (np.save writes 128 for any ordinary shape)
 MIN_HEADER = 10 + 16  # magic, version, length and the shortest header dict

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npy
 
+from .. import _files
+from .._files import INDEX, cause
 from ..array import ShardedArray
 from ..errors import CheckpointError, ChipFailureError
-from . import _files, _index
-from ._files import INDEX, cause
+from . import _index
 
 State = Mapping[str, Any]
 

@@ -6,7 +6,7 @@ and the one-line errors), :mod:`~shardsim.cli.args` (argument types and limits),
 or family of commands (:mod:`~shardsim.cli.demo` with :mod:`~shardsim.cli.demo_text`,
 :mod:`~shardsim.cli.schemes`, :mod:`~shardsim.cli.train`, :mod:`~shardsim.cli.estimate` for
 ``estimate``, ``sweep`` and ``critical``, :mod:`~shardsim.cli.plan`), and
-:mod:`~shardsim.cli.main`, which registers them in order. What the commands run is library
+:mod:`~shardsim.cli.entry`, which registers them in order. What the commands run is library
 code below them: a demo is :mod:`shardsim.strategies.demo`.
 
 Each subcommand is one function registered with :func:`subcommand`; its ``configure``
@@ -38,7 +38,7 @@ from ..strategies.demo import DemoRun, demo_mesh, grad_name, run_demo
 from .args import LIMITS, count, key_values, mesh_sizes, mesh_type, positive_int, seed
 from .demo_text import step_rows
 from .framework import COMMANDS, Subcommand, UsageError, build_parser, commands, subcommand
-from .main import main
+from .entry import main
 
 __all__ = [
     "COMMANDS",

@@ -33,13 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import formulas, mlp, strategies
+from .. import formulas, strategies
 from .._format import fmt_bytes, table_text
 from ..array import ShapeDtype
 from ..dtypes import FLOAT_NAMES, eps, tolerance
 from ..errors import ShardsimError
 from ..host import check_host_memory
 from ..mesh import Mesh
+from ..models import reference_mlp as mlp
 from ..strategies.demo import mesh_for
 from ..training import optim
 from ..training.precision import Precision, precision_dtype

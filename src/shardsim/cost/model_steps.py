@@ -289,7 +289,7 @@ def _expand(
 ) -> list[Step] | None:
     """The real program's steps from the template's (see the module doc); None when the
     template's layers of one chunk do not run the same steps (then the caller traces whole)."""
-    from ..pipeline.schedule import make
+    from ..strategies.pipeline.schedule import make
 
     events = [st.event for st in template]
     runs = _runs(events)

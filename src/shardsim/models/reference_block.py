@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import moe
 from ..errors import ConfigError, ShapeError
+from . import reference_moe as moe
 from .config import TransformerConfig
 from .inputs import check_params
 from .reference_attention import attention_forward, attention_grads, rope, rope_backward
@@ -76,7 +76,7 @@ def _linear_backward(params: Params, w: str, b: str, x: np.ndarray, dy: np.ndarr
 
 
 def _experts(params: Params, prefix: str) -> Params:
-    """Block ``prefix``'s router and experts under :mod:`shardsim.moe`'s names."""
+    """Block ``prefix``'s router and experts under :mod:`shardsim.models.reference_moe`'s names."""
     return {k: params[f"{prefix}.moe.{k}"] for k in ("router", "w_in", "w_out")}
 
 

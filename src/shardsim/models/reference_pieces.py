@@ -3,7 +3,7 @@
 The single-device reference (:mod:`shardsim.models.reference`) is built from these and from
 :mod:`shardsim.models.reference_attention`, and a sharded program can hold each of its own
 pieces to them. The norms (``layer_norm``, ``rms_norm`` and their backward passes) are
-:mod:`shardsim.norm`'s, named here too. Shapes: ``x [B, S, D]``, logits ``[..., V]``.
+:mod:`shardsim.models.reference_norm`'s, named here too. Shapes: ``x [B, S, D]``, logits ``[..., V]``.
 Cross-entropy runs in float32 (float64 when an input is float64); everything else keeps the
 inputs' dtype.
 
@@ -21,12 +21,12 @@ import numpy as np
 from ..activations import get as _activation
 from ..errors import ConfigError
 
-# The norms live in shardsim.norm, the one home of the single-device norms; named here too,
+# The norms live in shardsim.models.reference_norm, the one home of the single-device norms; named here too,
 # beside the transformer's other pieces.
-from ..norm import layer_norm as layer_norm
-from ..norm import layer_norm_backward as layer_norm_backward
-from ..norm import rms_norm as rms_norm
-from ..norm import rms_norm_backward as rms_norm_backward
+from .reference_norm import layer_norm as layer_norm
+from .reference_norm import layer_norm_backward as layer_norm_backward
+from .reference_norm import rms_norm as rms_norm
+from .reference_norm import rms_norm_backward as rms_norm_backward
 
 SITES = ("attn_probs", "attn_out", "mlp_out")
 SITE_INDEX = {site: i for i, site in enumerate(SITES)}

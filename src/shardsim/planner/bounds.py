@@ -38,7 +38,7 @@ import math
 from ..cost.efficiency import Efficiency
 from ..cost.hardware import Hardware
 from ..models import TransformerConfig
-from ..pipeline.schedule import Schedule, make
+from ..strategies.pipeline.schedule import Schedule, make
 from ..training import optim, policies
 from ..training.policies import BytePolicy
 from ..training.precision import Precision
@@ -109,7 +109,7 @@ _IN_FLIGHT: dict[tuple[str, int, int, int], int] = {}
 
 
 def schedule_of(name: str, p: int, m: int, v: int) -> Schedule:
-    """The pipeline schedule (:func:`shardsim.pipeline.schedule.make`), built once per shape."""
+    """The pipeline schedule (:func:`shardsim.strategies.pipeline.schedule.make`), built once per shape."""
     key = (name, p, m, v)
     if key not in _SCHEDULES:
         _SCHEDULES[key] = make(name, p, m, v)

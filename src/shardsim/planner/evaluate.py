@@ -5,7 +5,7 @@ The step is assembled from the layer program's measured pieces (:class:`~.progra
 - without a pipeline: ``m`` microbatches one after another (gradient accumulation), the
   last one's backward overlapping the gradient reduction over the data axis as DDP's
   buckets do, so ``step = (m - 1)(t_f + t_b) + t_f + t_b,fused``;
-- with a pipeline: the plan's own schedule (:mod:`shardsim.pipeline.schedule`) run on a
+- with a pipeline: the plan's own schedule (:mod:`shardsim.strategies.pipeline.schedule`) run on a
   clock (:func:`clock`) whose items last what the traced layers take (each stage's layers,
   the head on the last virtual stage), as the whole-model estimate's time line runs them:
   each stage-to-stage send (traced) on the stage's link while the stage computes its next
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cost.timeline import Timeline
-from ..pipeline.schedule import Schedule, _needs
 from ..plans import Plan
+from ..strategies.pipeline.schedule import Schedule, _needs
 from .bounds import busiest_stage_layers, in_flight, schedule_of
 from .program import Layer, LayerCache
 from .space import Candidate, stage_layers
@@ -252,7 +252,7 @@ def clock(
 ) -> tuple[float, float, float]:
     """The span of ``sched`` when the forward and backward of virtual stage ``k`` last
     ``fwd[k]`` and ``bwd[k]``, the span with the gradient reductions, and the busiest stage's
-    busy time: :meth:`~shardsim.pipeline.schedule.Schedule.timeline`'s clock in one pass,
+    busy time: :meth:`~shardsim.strategies.pipeline.schedule.Schedule.timeline`'s clock in one pass,
     since the schedule's unit-time order already has every item after what it waits for.
 
     As on the estimate's time line (:mod:`shardsim.cost.timeline`), communication runs on its
@@ -262,7 +262,7 @@ def clock(
     runs, ending ``reduced[k]`` seconds after it starts, which delays the step's end but
     neither the stage's next item nor the item's reader.
 
-    >>> from shardsim.pipeline.schedule import one_f_one_b
+    >>> from shardsim.strategies.pipeline.schedule import one_f_one_b
     >>> s = one_f_one_b(stages=3, microbatches=4)
     >>> clock(s, [1.0] * 3, [2.0] * 3)[0] == max(t.end for t in s.timeline(lambda it: 1.0 + (it.kind == "B")))
     True

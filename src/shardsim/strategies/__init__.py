@@ -71,11 +71,11 @@ def run_strategy(
 
     A scheme that is a plan on the MLP is run as that: :func:`plan_of` on ``mesh``, the
     :class:`~shardsim.models.mlp.MLP` the params are the weights of (:func:`mlp_for`'s
-    sizes), through :func:`~shardsim.transformer.run_model`; the result is the same type a
-    transformer's step gives.
+    sizes), through :func:`run_mlp`, the step :func:`~shardsim.transformer.run_model` runs for an
+    MLP; the result is the same type a transformer's step gives.
 
     >>> import numpy as np, shardsim
-    >>> p = shardsim.mlp.init(8, 16)
+    >>> p = shardsim.models.reference_mlp.init(8, 16)
     >>> r = run_strategy("ddp", shardsim.Mesh(X=2), p, np.ones((4, 8)), np.ones((4, 8)))
     >>> r.trace.collectives("backward")
     [('all_reduce', ('X',)), ('all_reduce', ('X',))]
@@ -87,10 +87,8 @@ def run_strategy(
     on_mlp = _plan_and_model(name, mesh, ready.ctx.axes, params, activation, options)
     if on_mlp is None:
         return run(scheme, mesh, params, x, dout, activation=activation, axes=axes, residual=residual, **options)
-    from ..transformer.run import run_model  # the transformer's package reads this one
-
     plan, model = on_mlp
-    result = run_model(model, plan, mesh, params, x, dout, residual=residual, options=options, scheme=name)
+    result = run_mlp(model, plan, mesh, params, x, dout, residual=residual, options=options, scheme=name)
     result.axes = dict(ready.ctx.axes)  # the roles in the order the caller named them
     return result
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import mlp
 from ..activations import get as get_activation
 from ..array import ShapeDtype, ShardedArray
 from ..errors import MeshAxisError, ModelInputError, ShardingError
+from ..models import reference_mlp as mlp
 from ..ops import activation, activation_grad, multiply
 
 ROLE_DEFAULTS = {"data": "X", "model": "Y", "pipe": "Z", "expert": "Y"}  # expert: like TP, on the fast axis

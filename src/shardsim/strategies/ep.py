@@ -48,10 +48,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import moe
 from ..array import ShardedArray
 from ..collectives import all_reduce, all_to_all
 from ..errors import ShardingError
+from ..models import reference_moe as moe
 from ..ops import sum_dim
 from ..pieces import blockwise
 from .base import Ctx, Grads, Params, Saved, Scheme, check_dout, shape_of
@@ -270,7 +270,7 @@ def _combine_backward(
 def reference(
     params: Mapping[str, np.ndarray], x: np.ndarray, dout: np.ndarray, activation: str = "identity", **options: Any
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The MoE on one device (:mod:`shardsim.moe`) with ``top_k``, ``capacity`` and ``groups``."""
+    """The MoE on one device (:mod:`shardsim.models.reference_moe`) with ``top_k``, ``capacity`` and ``groups``."""
     p = dict(params)
     groups = int(options.get("groups", 1))
     per_group = np.shape(x)[0] // groups

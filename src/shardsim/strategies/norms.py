@@ -5,7 +5,7 @@ whatever tokens a chip holds and every op is local: replicated ``[S, D]`` (``tp_
 split over the sequence ``[S_Y, D]`` (``tp_sp``, sequence parallelism), ``[B_data, S, D]``...
 Its users: the MLP schemes ``tp_ln`` and ``tp_sp`` (:mod:`shardsim.strategies.tp_sp`) and the
 transformer's blocks (through :mod:`shardsim.transformer.norms`, which re-exports this
-module). The single-device norms it is held to are :mod:`shardsim.norm`'s.
+module). The single-device norms it is held to are :mod:`shardsim.models.reference_norm`'s.
 
 In this order of floating-point operations, normalised first and then scaled by ``gamma``
 (as Megatron-LM, Apex and PyTorch do), with ``1/D`` a scalar of the input's dtype:

@@ -8,7 +8,7 @@ passes it on, keeping the pipeline full." The scaling book's notation:
 
 The batch is cut into ``microbatches``; a schedule (``gpipe``, ``1f1b``, or ``interleaved``
 for ``pp_interleaved``) says which stage runs which microbatch when, and drives the run
-(:mod:`shardsim.pipeline.execute`): activations go forward and gradients backward by
+(:mod:`shardsim.strategies.pipeline.execute`): activations go forward and gradients backward by
 ``ppermute`` over Z, and each stage stashes only its own activations (ledger category
 ``stash``). Compositions run the same schedule with another block per layer:
 
@@ -34,13 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import mlp
 from ..array import ShardedArray
 from ..errors import DivisibilityError, ShardingError
-from ..pipeline.execute import PipelineStep
-from ..pipeline.schedule import Schedule, make
+from ..models import reference_mlp as mlp
 from . import tp
 from .base import Ctx, Grads, Params, Saved, Scheme, check_dout, shape_of
+from .pipeline.execute import PipelineStep
+from .pipeline.schedule import Schedule, make
 
 
 # -- one layer on one stage -------------------------------------------------------------------

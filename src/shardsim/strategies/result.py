@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -138,8 +138,9 @@ class RunResult:
         if mesh is None:
             if memory.ledger is None:
                 raise TypeError("RunResult needs its mesh: pass mesh=, or memory as the mesh's ledger")
-            mesh = memory.ledger.mesh
+            mesh = cast(Mesh, memory.ledger.mesh)  # a ledger's chips are its mesh
         self.loss, self.grads, self.sharded_grads, self.trace, self.memory = loss, grads, sharded_grads, trace, memory
         self.stored, self.stored_values, self.peak = stored or [], stored_values or [], peak
         self.out, self.activations, self.layouts, self.axes = out, activations or {}, layouts or {}, axes or {}
-        self.scheme, self.model, self.plan, self.mesh = scheme, model, plan, mesh
+        self.scheme, self.model, self.plan = scheme, model, plan
+        self.mesh: Mesh = mesh

@@ -95,7 +95,7 @@ def prepare(
     >>> import numpy as np, shardsim
     >>> from shardsim import strategies
     >>> x = np.ones((2, 4))
-    >>> p = prepare(strategies.get("ddp"), shardsim.Mesh(X=2), shardsim.mlp.init(4, 8), x, x)
+    >>> p = prepare(strategies.get("ddp"), shardsim.Mesh(X=2), shardsim.models.reference_mlp.init(4, 8), x, x)
     >>> p.names, p.depth, p.ctx.axes
     (['w_in', 'w_out'], None, {'data': 'X'})
     """

@@ -41,10 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import norm
 from ..array import ShardedArray
 from ..collectives import all_gather, all_reduce, reduce_scatter
 from ..errors import ShardingError
+from ..models import reference_norm as norm
 from . import norms
 from .base import Ctx, Grads, Params, Saved, Scheme, check_dout, shape_of
 

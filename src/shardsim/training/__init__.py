@@ -8,7 +8,7 @@ happens or it does not (one that raises changes nothing); float16 steps check th
 gradients and skip an overflowing update (:class:`DynamicLossScale`).
 
 >>> import numpy as np, shardsim
->>> params = shardsim.mlp.init_stack(2, 8, 16, seed=0)
+>>> params = shardsim.models.reference_mlp.init_stack(2, 8, 16, seed=0)
 >>> rng = np.random.default_rng(0)
 >>> x, y = rng.standard_normal((8, 8)).astype(np.float32), np.zeros((8, 8), np.float32)
 >>> losses = {}

@@ -6,7 +6,7 @@ holds it; :meth:`Checkpointed.restore` copies such a state back, from any layout
 
 >>> import numpy as np, shardsim
 >>> from shardsim.training import Trainer
->>> t = Trainer("ddp", shardsim.Mesh(X=2), shardsim.mlp.init(4, 8), "adam")
+>>> t = Trainer("ddp", shardsim.Mesh(X=2), shardsim.models.reference_mlp.init(4, 8), "adam")
 >>> sorted(t.state()), sorted(t.state()["moments"])
 (['moments', 'params', 'step'], ['m', 'v'])
 """
@@ -62,7 +62,7 @@ class Checkpointed:
         >>> import tempfile, numpy as np, shardsim
         >>> from shardsim import checkpoint
         >>> from shardsim.training import Adam, Trainer
-        >>> params = shardsim.mlp.init_stack(2, 4, 8, dtype="float64")
+        >>> params = shardsim.models.reference_mlp.init_stack(2, 4, 8, dtype="float64")
         >>> t = Trainer("fsdp", shardsim.Mesh(X=4), params, Adam(lr=0.1))
         >>> x = np.ones((4, 4))
         >>> _ = t.step(x, 0 * x)
@@ -99,7 +99,7 @@ class Checkpointed:
 
         >>> import numpy as np, shardsim
         >>> from shardsim.training import Adam, Trainer
-        >>> params = shardsim.mlp.init(4, 8, dtype="float64")
+        >>> params = shardsim.models.reference_mlp.init(4, 8, dtype="float64")
         >>> a = Trainer("zero1", shardsim.Mesh(X=2), params, Adam(lr=0.1))
         >>> b = Trainer("zero1", shardsim.Mesh(X=2), params, Adam(lr=0.1))
         >>> x = np.ones((2, 4))

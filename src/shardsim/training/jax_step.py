@@ -16,7 +16,7 @@ is traced or run, as the NumPy trainer's first collective does; the trainer's st
 
 >>> import numpy as np, shardsim
 >>> from shardsim.training import SGD, Trainer
->>> t = Trainer("zero2", shardsim.Mesh(X=2), shardsim.mlp.init(8, 16), SGD(lr=0.1), engine="jax")
+>>> t = Trainer("zero2", shardsim.Mesh(X=2), shardsim.models.reference_mlp.init(8, 16), SGD(lr=0.1), engine="jax")
 >>> x = np.ones((4, 8), np.float32)
 >>> r = t.step(x, 0 * x)
 >>> r.step, r.trace.collectives("optimizer")

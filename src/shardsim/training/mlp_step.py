@@ -17,7 +17,7 @@ overflowing step is skipped (the loss scale backs off) and changes no weight.
 
 >>> import numpy as np, shardsim
 >>> from shardsim.training import SGD, Trainer
->>> t = Trainer("zero1", shardsim.Mesh(X=2), shardsim.mlp.init(4, 8), SGD(lr=0.1))
+>>> t = Trainer("zero1", shardsim.Mesh(X=2), shardsim.models.reference_mlp.init(4, 8), SGD(lr=0.1))
 >>> x = np.ones((2, 4), np.float32)
 >>> type(t.program).__name__, t.program(t, x, 0 * x, []).trace.collectives("optimizer")[0]
 ('MLPStep', ('reduce_scatter', ('X',)))
@@ -37,8 +37,8 @@ from ..collectives import reduce_dtype
 from ..errors import ShardingError
 from ..layout import Layout
 from ..pieces import place, split
-from ..pipeline.execute import PipelineStep
 from ..strategies.base import Ctx, Grads, Scheme
+from ..strategies.pipeline.execute import PipelineStep
 from ..strategies.pp import PipelineState
 from ..strategies.runner import backward_stack, forward_stack, reduce_gradients
 from ..tracing import phase, trace
@@ -63,7 +63,7 @@ class MLPStep:
 
     >>> import numpy as np, shardsim
     >>> from shardsim.training import Trainer
-    >>> t = Trainer("ddp", shardsim.Mesh(X=2), shardsim.mlp.init(4, 8))
+    >>> t = Trainer("ddp", shardsim.Mesh(X=2), shardsim.models.reference_mlp.init(4, 8))
     >>> MLPStep()(t, np.ones((2, 4), np.float32), np.zeros((2, 4), np.float32), []).step
     1
     """

@@ -3,7 +3,7 @@
 >>> import numpy as np, shardsim
 >>> from shardsim.training import SGD, Trainer
 >>> x = np.ones((2, 4), np.float32)
->>> r = Trainer("ddp", shardsim.Mesh(X=2), shardsim.mlp.init(4, 8), SGD(lr=0.1)).step(x, 0 * x)
+>>> r = Trainer("ddp", shardsim.Mesh(X=2), shardsim.models.reference_mlp.init(4, 8), SGD(lr=0.1)).step(x, 0 * x)
 >>> r.scheme, r.step, sorted(r.model_state) == sorted(MODEL_STATE)
 ('ddp', 1, True)
 """

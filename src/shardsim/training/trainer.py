@@ -127,7 +127,7 @@ class Trainer(Checkpointed):
     transformer's one dict by parameter key; ``program`` is the step program.
 
     >>> import numpy as np, shardsim
-    >>> t = Trainer("ddp", shardsim.Mesh(X=2), shardsim.mlp.init(4, 8), precision="bf16")
+    >>> t = Trainer("ddp", shardsim.Mesh(X=2), shardsim.models.reference_mlp.init(4, 8), precision="bf16")
     >>> t.master_dtype, t.weights()["w_in"].dtype.name
     (dtype('float32'), 'bfloat16')
     >>> from shardsim.models import get
@@ -403,7 +403,7 @@ class Trainer(Checkpointed):
 
         >>> import numpy as np, shardsim
         >>> mesh = shardsim.Mesh(X=2)
-        >>> t = Trainer("zero1", mesh, shardsim.mlp.init(4, 8), SGD(lr=0.1))
+        >>> t = Trainer("zero1", mesh, shardsim.models.reference_mlp.init(4, 8), SGD(lr=0.1))
         >>> x = np.ones((2, 4), np.float32)
         >>> mesh.fail(X=1)
         >>> try:
@@ -469,7 +469,7 @@ class Trainer(Checkpointed):
         """Where each value of :meth:`state` lives: its path, the dict holding it, and its key there.
 
         >>> import shardsim
-        >>> t = Trainer("ddp", shardsim.Mesh(X=2), shardsim.mlp.init(4, 8), "sgd")
+        >>> t = Trainer("ddp", shardsim.Mesh(X=2), shardsim.models.reference_mlp.init(4, 8), "sgd")
         >>> [path for path, _, _ in t.state_slots()]
         [('params', 'w_in'), ('params', 'w_out')]
         """
@@ -502,7 +502,7 @@ def train_step(
     ``recompute``, ``axes``...).
 
     >>> import numpy as np, shardsim
-    >>> p = shardsim.mlp.init(8, 16)
+    >>> p = shardsim.models.reference_mlp.init(8, 16)
     >>> x = np.ones((4, 8), np.float32)
     >>> r = train_step("zero1", shardsim.Mesh(X=4), p, x, np.zeros_like(x), SGD(lr=0.1))
     >>> r.trace.collectives("optimizer")

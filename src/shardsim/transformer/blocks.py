@@ -29,7 +29,7 @@ recomputes steps 5-6 of attention in the backward pass (trace phase ``recompute`
 ``full`` is :func:`layer_forward` again from the block input (see :mod:`.run`).
 
 Under ``attention=flash`` (and always under context parallelism) steps 5-6 are FlashAttention
-(:mod:`shardsim.context`): the output and its log-sum-exp are stored, never P, and the backward
+(:mod:`shardsim.strategies.context`): the output and its log-sum-exp are stored, never P, and the backward
 pass recomputes each tile's probabilities, so ``selective`` has nothing more to drop.
 
 >>> sorted(SAVED_ATTENTION)

@@ -1,9 +1,9 @@
 """Context parallelism inside ``run_model``: the sequence split over the context axis.
 
 Every layer but attention works on its own tokens, so the residual stream is simply
-``[B_data, S_context, D]``; attention calls :func:`shardsim.context.context_attention` (ring
+``[B_data, S_context, D]``; attention calls :func:`shardsim.strategies.context.context_attention` (ring
 or all-gather) and its backward. Under a causal mask the sequence is permuted up front by
-the balanced (zigzag) order of :func:`shardsim.context.balanced_order`, so contiguous
+the balanced (zigzag) order of :func:`shardsim.strategies.context.balanced_order`, so contiguous
 ``S/cp`` blocks hold chunks ``i`` and ``2cp-1-i`` and every chip does the same work; the
 tokens, the targets, the learned positions and RoPE's angles all follow the real positions.
 The loss is a mean over all tokens, so the order does not change it; ``pos_embed``'s
@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 
 from ..array import ShapeDtype, ShardedArray, shard
-from ..context import AttentionSaved, balanced_order, context_attention, context_attention_backward
-from ..context.problem import geometry
 from ..mesh import Mesh
 from ..pieces import blockwise
+from ..strategies.context import AttentionSaved, balanced_order, context_attention, context_attention_backward
+from ..strategies.context.problem import geometry
 from .local import per_chip
 from .roles import Roles
 

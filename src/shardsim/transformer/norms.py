@@ -2,7 +2,7 @@
 
 The blocks call ``forward`` and ``backward`` without statistics, so a norm stores its input
 only and the backward pass recomputes ``mu`` and ``rstd`` from it (Korthikanti et al. 2022:
-2sbh per norm). The single-device norms of the reference are :mod:`shardsim.norm`'s.
+2sbh per norm). The single-device norms of the reference are :mod:`shardsim.models.reference_norm`'s.
 
 >>> import numpy as np, shardsim
 >>> x = shardsim.shard(np.random.default_rng(0).standard_normal((2, 3, 4)), shardsim.Mesh(X=2), "B_X S D")

@@ -2,9 +2,9 @@
 
 Each stage is the set of chips at one coordinate of the pipe axis; its layers' weights are
 held there only, the embedding on the first stage, the final norm and LM head on the last.
-The plan's schedule (:mod:`shardsim.pipeline.schedule`: GPipe, 1F1B or interleaved 1F1B with
+The plan's schedule (:mod:`shardsim.strategies.pipeline.schedule`: GPipe, 1F1B or interleaved 1F1B with
 ``virtual_stages`` chunks per stage) orders the items, and the pipeline executor
-(:class:`shardsim.pipeline.execute.Pipeline`) runs them, the stage program below computing
+(:class:`shardsim.strategies.pipeline.execute.Pipeline`) runs them, the stage program below computing
 each (Narayanan et al. 2021, §2.2):
 
     F(virtual stage k, microbatch j):
@@ -32,9 +32,9 @@ from ..array import ShardedArray
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..pieces import split
-from ..pipeline.execute import Pipeline, Values
-from ..pipeline.schedule import make
 from ..plans import Plan
+from ..strategies.pipeline.execute import Pipeline, Values
+from ..strategies.pipeline.schedule import make
 from ..tracing import layer, phase, trace
 from . import checks, context_parallel
 from .blocks import layer_backward, layer_forward

@@ -10,12 +10,12 @@ with the front end's errors before JAX sees anything.
 
 >>> import numpy as np, shardsim
 >>> from shardsim.engines.jax import run_strategy
->>> p = shardsim.mlp.init(8, 16)
+>>> p = shardsim.models.reference_mlp.init(8, 16)
 >>> x = np.ones((4, 8), np.float32)
 >>> r = run_strategy("fsdp_tp", shardsim.Mesh(X=2, Y=2), p, x, x)
 >>> r.trace.collectives("forward")
 [('all_gather', ('Y',)), ('all_gather', ('X',)), ('all_gather', ('X',)), ('reduce_scatter', ('Y',))]
->>> bool(np.allclose(r.out, shardsim.mlp.forward(p, x), atol=1e-5))
+>>> bool(np.allclose(r.out, shardsim.models.reference_mlp.forward(p, x), atol=1e-5))
 True
 """
 
@@ -182,7 +182,7 @@ def compile(
 
     >>> import numpy as np, shardsim
     >>> from shardsim.engines.jax import compile
-    >>> p = shardsim.mlp.init(8, 16)
+    >>> p = shardsim.models.reference_mlp.init(8, 16)
     >>> fn, args = compile("ddp", shardsim.Mesh(X=2), p, np.ones((4, 8), np.float32), np.ones((4, 8), np.float32))
     >>> out, grads = fn(*args)
     >>> out.sharding.spec, sorted(grads)

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from ..errors import CheckpointError
+from .errors import CheckpointError
 
 try:
     import fcntl

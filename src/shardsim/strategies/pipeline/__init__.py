@@ -1,6 +1,6 @@
 """Pipeline parallelism: schedules as data, and the executor that runs them stage by stage.
 
->>> from shardsim.pipeline import one_f_one_b
+>>> from shardsim.strategies.pipeline import one_f_one_b
 >>> one_f_one_b(stages=4, microbatches=8).bubble()  # (p-1)/m
 0.375
 """

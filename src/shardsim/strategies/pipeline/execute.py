@@ -34,14 +34,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..array import ShardedArray
-from ..collectives import all_reduce, ppermute
-from ..errors import ShardingError
-from ..mesh import Mesh
-from ..ops import add
-from ..pieces import concat, place, split, stack, take
-from ..tracing import item as in_item
-from ..tracing import phase, trace
+from ...array import ShardedArray
+from ...collectives import all_reduce, ppermute
+from ...errors import ShardingError
+from ...mesh import Mesh
+from ...ops import add
+from ...pieces import concat, place, split, stack, take
+from ...tracing import item as in_item
+from ...tracing import phase, trace
 from .schedule import Item, Schedule
 
 Block = Callable[..., Any]
@@ -116,7 +116,7 @@ def check_stages(schedule: Schedule, mesh: Mesh, pipe: str) -> None:
     """Raise unless the pipe axis has one coordinate per stage of the schedule.
 
     >>> from shardsim import Mesh
-    >>> from shardsim.pipeline import gpipe
+    >>> from shardsim.strategies.pipeline import gpipe
     >>> check_stages(gpipe(2, 4), Mesh(Z=2), "Z")
     """
     p = schedule.stages
@@ -135,7 +135,7 @@ class Pipeline:
     the item's start); with ``tag_items``, events carry their item's name (``"F2.0"``).
 
     >>> import numpy as np, shardsim
-    >>> from shardsim.pipeline import gpipe
+    >>> from shardsim.strategies.pipeline import gpipe
     >>> from shardsim.pieces import place
     >>> class Relay:  # each layer passes its input on and keeps nothing
     ...     x, calls = shardsim.shard(np.ones((2, 2)), shardsim.Mesh(Z=2), "[B, D]"), []

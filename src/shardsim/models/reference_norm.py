@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from . import mlp
-from .dtypes import resolve_dtype
+from ..dtypes import resolve_dtype
+from . import reference_mlp as mlp
 
 EPS = 1e-5
 Params = dict[str, np.ndarray]

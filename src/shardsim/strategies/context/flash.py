@@ -8,7 +8,7 @@ pass recomputes the probabilities from them. No ``[B, N, S, S]`` value outlives 
 
 from __future__ import annotations
 
-from ..array import ShardedArray
+from ...array import ShardedArray
 from . import steps
 from .problem import Geometry
 

@@ -27,14 +27,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..cost.efficiency import Calibration
+from ..cost.hardware import Hardware
+from ..cost.model_estimate import ModelEstimate, estimate_model
+from ..cost.presets import get_hardware
 from ..errors import CostModelError, ShardsimError
 from ..models import TransformerConfig
 from ..models import presets as model_presets
 from ..plans import Plan
-from .efficiency import Calibration
-from .hardware import Hardware
-from .model_estimate import ModelEstimate, estimate_model
-from .presets import get_hardware
 
 PTDP = "Narayanan et al. 2021 (PTD-P)"
 LLAMA3 = "Dubey et al. 2024 (Llama 3)"
@@ -447,7 +447,7 @@ def _options_text(options: tuple[tuple[str, Any], ...]) -> str:
 
 def constants_table() -> str:
     """The fitted constants per chip: the value in the preset and the rows it was read from."""
-    from .presets import hardware_names
+    from ..cost.presets import hardware_names
 
     lines = ["| chip | `elementwise_passes` | read from | source |", "|---|---:|---|---|"]
     for name in hardware_names():
@@ -464,8 +464,8 @@ def constants_table() -> str:
 
 def blocks() -> dict[str, Callable[[], str]]:
     """The generated parts of ``docs/calibration.md``, by the name of their marker."""
-    from .critical import critical_table
-    from .measured import comparison_table
+    from ..cost.critical import critical_table
+    from ..cost.measured import comparison_table
 
     return {"runs": table, "constants": constants_table, "collectives": comparison_table, "critical": critical_table}
 

@@ -11,9 +11,9 @@ blocks' sums. The gathered K/V are full length: cheap when K/V are much smaller 
 
 from __future__ import annotations
 
-from ..array import ShardedArray
-from ..collectives import all_gather, reduce_scatter
-from ..pieces import concat, split
+from ...array import ShardedArray
+from ...collectives import all_gather, reduce_scatter
+from ...pieces import concat, split
 from . import steps
 from .problem import Geometry
 

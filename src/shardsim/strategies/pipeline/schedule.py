@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..errors import ShardingError
+from ...errors import ShardingError
 
 Key = tuple[int, str, int, int]  # (stage, kind, microbatch, chunk)
 

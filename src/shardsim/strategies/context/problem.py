@@ -11,7 +11,7 @@ diagonal tile counts in full. :meth:`Geometry.work_on` reads
 each chip's visible tile pairs from the positions of the blocks it holds.
 
 >>> import numpy as np, shardsim
->>> from shardsim.context import balanced_order
+>>> from shardsim.strategies.context import balanced_order
 >>> mesh = shardsim.Mesh(C=2)
 >>> q = shardsim.shard(shardsim.ShapeDtype((1, 8, 2, 4)), mesh, "B S_C N H")
 >>> pos = shardsim.shard(balanced_order(8, 2), mesh, "[S_C]")
@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import tracing
-from ..array import ShardedArray, check_same_kind, check_same_mesh, compact_shape, local_shape_of
-from ..errors import DivisibilityError, PartialSumError, ShapeError, ShardingError
-from ..holders import held_where
-from ..layout import Dim, Layout
-from ..mesh import Mesh
+from ... import tracing
+from ...array import ShardedArray, check_same_kind, check_same_mesh, compact_shape, local_shape_of
+from ...errors import DivisibilityError, PartialSumError, ShapeError, ShardingError
+from ...holders import held_where
+from ...layout import Dim, Layout
+from ...mesh import Mesh
 from . import kernels
 from .checks import check_layouts, check_positions
 
@@ -205,7 +205,7 @@ def _held(x: ShardedArray, mask: np.ndarray) -> ShardedArray:
 def geometry(
     q: Any, k: Any, v: Any, positions: Any, *, axis: Any, causal: bool, scale: float | None, method: str = "ring"
 ) -> Geometry:
-    """Check the operands of :func:`~shardsim.context.context_attention` and describe the work."""
+    """Check the operands of :func:`~shardsim.strategies.context.context_attention` and describe the work."""
     if method not in METHODS:
         raise ShardingError(f"context attention method {method!r} is not one of {list(METHODS)}")
     for name, x in (("q", q), ("k", k), ("v", v)):

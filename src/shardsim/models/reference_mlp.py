@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .activations import get as get_activation
-from .dtypes import resolve_dtype
+from ..activations import get as get_activation
+from ..dtypes import resolve_dtype
 
 Params = dict[str, np.ndarray]
 

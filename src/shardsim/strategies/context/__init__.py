@@ -7,8 +7,8 @@ and returns the attention output ``o [B, S_C, N, H]`` and what the backward pass
 ``positions [S_C]`` gives the global position of each row: the causal mask compares them,
 so a sequence permuted up front by :func:`balanced_order` (chunks ``i`` and ``2cp-1-i`` on
 chip ``i``) gives every chip the same work. ``method="ring"`` passes the K/V blocks round the
-context ring (:mod:`~shardsim.context.ring`); ``"all_gather"`` gathers them
-(:mod:`~shardsim.context.gather`). See ``docs/context-parallel.md``.
+context ring (:mod:`~shardsim.strategies.context.ring`); ``"all_gather"`` gathers them
+(:mod:`~shardsim.strategies.context.gather`). See ``docs/context-parallel.md``.
 
 >>> import numpy as np, shardsim
 >>> mesh = shardsim.Mesh(C=4)
@@ -34,9 +34,9 @@ from types import ModuleType
 
 import numpy as np
 
-from ..array import ShardedArray, check_same_kind, check_same_mesh
-from ..errors import DivisibilityError, ShapeError, ShardingError
-from ..ops import cast
+from ...array import ShardedArray, check_same_kind, check_same_mesh
+from ...errors import DivisibilityError, ShapeError, ShardingError
+from ...ops import cast
 from . import flash, gather, ring, steps
 from .problem import Geometry, geometry
 

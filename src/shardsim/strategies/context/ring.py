@@ -12,8 +12,8 @@ one last hop after the final step brings them home, so they move cp times (K/V c
 
 from __future__ import annotations
 
-from ..array import ShardedArray
-from ..collectives import ppermute
+from ...array import ShardedArray
+from ...collectives import ppermute
 from . import steps
 from .problem import Geometry
 

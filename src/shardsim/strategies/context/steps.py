@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..array import ShardedArray
-from ..layout import Layout
+from ...array import ShardedArray
+from ...layout import Layout
 from . import kernels
 from .problem import Geometry
 

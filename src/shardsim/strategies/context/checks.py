@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..array import ShardedArray, check_same_mesh
-from ..errors import ShapeError, ShapeOnlyError, ShardingError
+from ...array import ShardedArray, check_same_mesh
+from ...errors import ShapeError, ShapeOnlyError, ShardingError
 
 
 def check_layouts(q: ShardedArray, k: ShardedArray, v: ShardedArray, axis: str | None) -> None:
