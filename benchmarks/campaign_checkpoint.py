@@ -361,8 +361,30 @@ class Campaign:
             del node[key]
             return
         values: list[Any] = [
-            None, True, -1, 0, 1, 2**63, 10**400, 1.5, float("inf"), "", "*", "X", "../x.npy", "a\0b", "αβ",
-            [], {}, [1, [2, [3]]], {"dict": {}}, {"array": "mlp/w"}, "float32", "object", "V4", [10**6, 10**6],
+            None,
+            True,
+            -1,
+            0,
+            1,
+            2**63,
+            10**400,
+            1.5,
+            float("inf"),
+            "",
+            "*",
+            "X",
+            "../x.npy",
+            "a\0b",
+            "αβ",
+            [],
+            {},
+            [1, [2, [3]]],
+            {"dict": {}},
+            {"array": "mlp/w"},
+            "float32",
+            "object",
+            "V4",
+            [10**6, 10**6],
         ]
         value = self.rng.choice(values)
         if value == float("inf"):
@@ -394,8 +416,11 @@ class Campaign:
             else:
                 (path / "results").mkdir()
                 (path / "results" / "notes.txt").write_text("mine")
-        before = {p: p.read_bytes() for p in list(path.rglob("*")) + list(self.root.glob(f".case{self.n}.*/*"))
-                  if p.is_file() and (p.suffix == ".txt" or p.name in ("x.npy", ".hidden"))}
+        before = {
+            p: p.read_bytes()
+            for p in list(path.rglob("*")) + list(self.root.glob(f".case{self.n}.*/*"))
+            if p.is_file() and (p.suffix == ".txt" or p.name in ("x.npy", ".hidden"))
+        }
         outcome, value = self.watch.run(lambda: checkpoint.save(path, self.other))
         if outcome == "hang":
             self.fail("foreign directories", "hangs", str(path))

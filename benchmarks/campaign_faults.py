@@ -202,7 +202,11 @@ BAD_OPTIONS: tuple[tuple[str, Any], ...] = (
     (
         "microbatches",
         lambda v: ss.run_strategy(
-            "pp", ss.Mesh(Z=2), ss.strategies.get("pp").init(4, 8), np.ones((8, 4)), np.ones((8, 4)),
+            "pp",
+            ss.Mesh(Z=2),
+            ss.strategies.get("pp").init(4, 8),
+            np.ones((8, 4)),
+            np.ones((8, 4)),
             microbatches=3 if v is None or v == 0.0 else v,
         ),
     ),
@@ -244,8 +248,10 @@ def main() -> None:
     for _ in range(args.options):
         options_trial(rng, counts)
     elapsed = time.perf_counter() - start
-    print(f"{datetime.date.today()}, {platform.machine()}, {platform.python_version()}, seed {args.seed}, "
-          f"{elapsed:.0f} s, {len(refs)} configurations")
+    print(
+        f"{datetime.date.today()}, {platform.machine()}, {platform.python_version()}, seed {args.seed}, "
+        f"{elapsed:.0f} s, {len(refs)} configurations"
+    )
     for key in sorted(counts):
         print(f"{counts[key]:8d}  {key}")
     for must_be_zero in (

@@ -63,7 +63,9 @@ def main() -> None:
     for case in CASES:
         out = subprocess.run(
             [sys.executable, str(here / "million_chips.py"), "--case", case, "--repeats", str(args.repeats)],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         results[case] = json.loads(out.splitlines()[-1])
     base = results["single-device"]

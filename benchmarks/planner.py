@@ -48,8 +48,10 @@ def main() -> None:
     print(f"machine: {cpu()}, load average {os.getloadavg()[0]:.1f}; {datetime.date.today()}")
     print(f"candidates considered {table.considered}, layer programs traced {table.traced}, plans kept {table.kept}")
     kinds = collections.Counter(r.kind for r in table.rejected)
-    print("rejected (memory, bound: by a lower bound, untraced; oom, slower: measured): " + ", ".join(
-        f"{n} {k}" for k, n in sorted(kinds.items())))
+    print(
+        "rejected (memory, bound: by a lower bound, untraced; oom, slower: measured): "
+        + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    )
     print(f"best: {table.best.plan} (mb={table.best.candidate.micro}), {table.best.step_s:.3f} s per step")
     if published:
         print(f"published TP 8, PP 16, CP 1, DP 128: {published[0].plan}, {table.slowdown(published[0]):.1%} slower")

@@ -136,8 +136,11 @@ AllGather-X W_in, ReduceScatter-Y dIn.""",
         """In a terminal, `ss.show` prints the same pictures as text: which block of the global
 array each chip holds, the trace, the ledger.""",
     ),
-    ("code", """ss.show(w_in)
-ss.show(out)"""),
+    (
+        "code",
+        """ss.show(w_in)
+ss.show(out)""",
+    ),
     (
         "markdown",
         """## What it would cost on real hardware

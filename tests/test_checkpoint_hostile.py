@@ -219,9 +219,7 @@ def write_npy_header(path: Path, descr: str, shape: tuple[int, ...], body: bytes
         f.write(body)
 
 
-def test_a_forged_header_is_compared_with_the_index_before_numpy_allocates(
-    saved: Path, mesh: shardsim.Mesh
-) -> None:
+def test_a_forged_header_is_compared_with_the_index_before_numpy_allocates(saved: Path, mesh: shardsim.Mesh) -> None:
     """A header claiming (10**6, 10**6) float64: today NumPy tries to allocate 7.3 TiB."""
     e = entry(saved)
     path = saved / e["file"]
@@ -565,7 +563,6 @@ def test_a_full_disk_leaves_the_previous_checkpoint(tmp_path: Path, x: Any, monk
     assert [p.name for p in tmp_path.iterdir()] == ["c"]
 
 
-
 def test_save_refuses_to_replace_a_read_only_checkpoint_up_front(
     tmp_path: Path, x: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -649,6 +646,7 @@ def test_a_failed_save_leaves_no_temporary_directory(
     if over:
         assert {p.name: p.read_bytes() for p in path.iterdir()} == before
         assert same_bits(checkpoint.load(path, x.mesh)["x"].to_global(), x.to_global())
+
 
 # -- plain values beside sharded ones --------------------------------------------------------------
 def test_plain_scalars_and_metadata_round_trip_with_their_types(tmp_path: Path, x: Any) -> None:

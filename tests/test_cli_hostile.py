@@ -42,8 +42,11 @@ def assert_one_line_error(code: int, out: str, err: str) -> None:
     [
         (["demo", "--seed", "-1"], r"argument --seed: expected a seed from 0 to 4,294,967,295, got -1"),
         (["demo", "--seed", "4294967296"], r"expected a seed from 0"),
-        (["demo", "--mesh", "X=²"], r"argument --mesh: mesh axis 'X' needs a whole-number size written in digits, "
-         r"got '²'"),
+        (
+            ["demo", "--mesh", "X=²"],
+            r"argument --mesh: mesh axis 'X' needs a whole-number size written in digits, "
+            r"got '²'",
+        ),
         (["demo", "--mesh", "X=+2"], r"argument --mesh: mesh axis 'X' needs a whole-number size written in digits"),
         (["estimate", "--mesh", "X=+2"], r"argument --mesh: mesh axis 'X' needs a whole-number size written in digits"),
         (["estimate", "--mesh", "X=1_6"], r"written in digits, got '1_6'"),
@@ -53,21 +56,34 @@ def assert_one_line_error(code: int, out: str, err: str) -> None:
         (["demo", "--chrome-trace", ""], r"--chrome-trace '' is empty; give a file name, e.g. out.json"),
         (["sweep", "--batches", "1:10:nan"], r"with a count from 2 to 1,000"),
         (["sweep", "--batches", "1:10:inf"], r"with a count from 2 to 1,000"),
-        (["train", "--reduce-dtype", "complex64"], r"argument --reduce-dtype: expected a floating-point dtype, one of "
-         r"float16, bfloat16, float32, float64, got 'complex64'"),
+        (
+            ["train", "--reduce-dtype", "complex64"],
+            r"argument --reduce-dtype: expected a floating-point dtype, one of "
+            r"float16, bfloat16, float32, float64, got 'complex64'",
+        ),
         (["train", "--reduce-dtype", "int8"], r"argument --reduce-dtype: expected a floating-point dtype"),
         (["train", "--reduce-dtype", "bool"], r"argument --reduce-dtype: expected a floating-point dtype"),
-        (["plan", "--model", "gpt-tiny", "--chips", "2", "--batch-tokens", "64", "--allow", ""],
-         r"--allow '' names no parallelism; list the ones the plans may use, e.g. --allow dp,tp"),
-        (["plan", "--model", "gpt-tiny", "--chips", "2", "--batch-tokens", "64", "--allow", ","],
-         r"--allow ',' names no parallelism"),
+        (
+            ["plan", "--model", "gpt-tiny", "--chips", "2", "--batch-tokens", "64", "--allow", ""],
+            r"--allow '' names no parallelism; list the ones the plans may use, e.g. --allow dp,tp",
+        ),
+        (
+            ["plan", "--model", "gpt-tiny", "--chips", "2", "--batch-tokens", "64", "--allow", ","],
+            r"--allow ',' names no parallelism",
+        ),
         (["demo", "--model", "gpt-tiny", "--json"], r"--json: the MLP demo's option\(s\); --model gpt-tiny walks"),
-        (["demo", "--model", "gpt-tiny", "--d-model", "8", "--scheme", "ddp"], r"^shardsim demo: error: --scheme, "
-         r"--d-model: the MLP demo's option"),
+        (
+            ["demo", "--model", "gpt-tiny", "--d-model", "8", "--scheme", "ddp"],
+            r"^shardsim demo: error: --scheme, "
+            r"--d-model: the MLP demo's option",
+        ),
         (["demo", "--model", "gpt-tiny", "--chrome-trace", "t.json"], r"--chrome-trace: the MLP demo's option"),
         (["demo", "--model", "gpt-tiny", "--plan", ""], r"--plan '' is empty; name the plan to walk"),
-        (["demo", "--model", "gpt-tiny", "--plan", "dp=1000000"], r"--plan dp=1000000 needs 1,000,000 chips; a "
-         r"walk-through holds every chip's blocks, at most 4,096"),
+        (
+            ["demo", "--model", "gpt-tiny", "--plan", "dp=1000000"],
+            r"--plan dp=1000000 needs 1,000,000 chips; a "
+            r"walk-through holds every chip's blocks, at most 4,096",
+        ),
         (["demo", "--mesh", "X=-2"], r"mesh axis 'X' needs at least 1 chip, got -2"),
         (["demo", "--mesh", "X=1000000000"], r"'X=1000000000' is 1,000,000,000 chips; the limit is 4,096"),
         (["demo", "--batch", "-16"], r"argument --batch: expected a whole number from 1 to"),
@@ -75,8 +91,11 @@ def assert_one_line_error(code: int, out: str, err: str) -> None:
         (["demo", "--d-model", "abc"], r"argument --d-model: expected a whole number, got 'abc'"),
         (["demo", "--d-ff", "0"], r"argument --d-ff: expected a whole number from 1 to 16,777,216, got 0"),
         (["demo", "--scheme", ""], r"--scheme '' names no scheme"),
-        (["demo", "--scheme", "pp", "--option", "microbatchs=2"], r"--option microbatchs: pp has no such option; "
-         r"its options: microbatches, schedule"),
+        (
+            ["demo", "--scheme", "pp", "--option", "microbatchs=2"],
+            r"--option microbatchs: pp has no such option; "
+            r"its options: microbatches, schedule",
+        ),
         (["demo", "--scheme", "ddp", "--option", "microbatches=2"], r"ddp has no such option; its options: none"),
         (["demo", "--scheme", "pp", "--option", "microbatches=100000"], r"expected a whole number from 1 to 1,024"),
         (["demo", "--nosuch"], r"unrecognized arguments: --nosuch \(see 'shardsim demo --help'\)"),

@@ -84,9 +84,7 @@ HOSTILE: dict[str, tuple[Callable[[Path], Path | str], str]] = {
 
 @pytest.mark.parametrize(("command", "flag"), FILE_OPTIONS, ids=lambda v: v if isinstance(v, str) else v[0])
 @pytest.mark.parametrize("kind", list(HOSTILE))
-def test_an_unwritable_output_path_is_refused_before_any_output(
-    command, flag, kind, tmp_path, capsys, no_hang
-) -> None:
+def test_an_unwritable_output_path_is_refused_before_any_output(command, flag, kind, tmp_path, capsys, no_hang) -> None:
     make, words = HOSTILE[kind]
     path = str(make(tmp_path))
     before = sorted(p.name for p in tmp_path.iterdir())

@@ -78,7 +78,6 @@ def test_the_default_engine_is_the_stacked_one() -> None:
     assert seen.count("matmul") >= 2
 
 
-
 def relative_imports(path: Path) -> set[str]:
     """The shardsim modules a file imports, function-level imports included (as ``..x`` / ``.y``)."""
     found = set()

@@ -34,15 +34,22 @@ def overflowing_problem(steps: int):
 
 
 def fp16_trainer(scheme: str, params, loss_scale) -> Trainer:
-    return Trainer(scheme, mesh_for(scheme), params, Adam(lr=1e-3), precision="fp16", loss_scale=loss_scale,
-                   activation="gelu")
+    return Trainer(
+        scheme, mesh_for(scheme), params, Adam(lr=1e-3), precision="fp16", loss_scale=loss_scale, activation="gelu"
+    )
 
 
 def test_a_static_scale_that_overflows_skips_the_step_instead_of_writing_nan() -> None:
     # fp16 with a static loss scale of 65536 turned the float32 master weights into NaN
     params, data = overflowing_problem(1)
-    t = Trainer("ddp", ss.Mesh(X=2), params, Adam(lr=1e-3), precision=Precision.of("fp16", loss_scale=65536.0),
-                activation="gelu")
+    t = Trainer(
+        "ddp",
+        ss.Mesh(X=2),
+        params,
+        Adam(lr=1e-3),
+        precision=Precision.of("fp16", loss_scale=65536.0),
+        activation="gelu",
+    )
     before = trainer_state(t)
     r = t.step(*data[0])
     assert r.skipped and r.loss_scale == 65536.0 and np.isfinite(r.loss)

@@ -70,7 +70,9 @@ def test_model_memory_is_the_trainers_ledger(zero: int, precision: str) -> None:
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
 @pytest.mark.parametrize(("precision", "formula"), [("fp32", "fp32"), ("bf16", "mixed")])
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
-def test_the_model_state_is_the_zero_papers_closed_form(zero: int, precision: str, formula: str, optimizer: str) -> None:  # noqa: E501
+def test_the_model_state_is_the_zero_papers_closed_form(
+    zero: int, precision: str, formula: str, optimizer: str
+) -> None:
     cfg = TINY.scaled(layers=2)
     _, state = model_memory(cfg, Plan(dp=4, zero=zero), batch=4, optimizer=optimizer, precision=precision)
     assert state == formulas.model_state_breakdown(cfg.param_count(), 4, zero, formula, optimizer)

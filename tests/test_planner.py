@@ -68,6 +68,7 @@ def test_top_plans_replay_exactly(model, chips, cons):
 def test_context_parallel_attention_is_searched_as_a_ring_and_as_an_all_gather():
     """Both context-parallel attentions are in the space wherever CP is (Llama 3 ran the
     all-gather one), and fixing one keeps the other out; without CP the method is moot."""
+
     def methods(**fixed):
         space = candidates(LLAMA, chips=4, batch_tokens=128, seq=16, domain=8, constraints=Constraints.of(**fixed))
         return {c.plan.cp_method for c in space}
@@ -170,7 +171,14 @@ def test_days_to_train_and_fewest_chips():
     assert days_to_train(table, 86400 * table.best.tokens_per_s * 3) == pytest.approx(3.0)
     target = table.best.tokens_per_s * 0.999
     n, found = fewest_chips(
-        LLAMA, "h100", batch_tokens=8 * 16, seq=16, tokens_per_s=target, chips=[1, 2, 4, 8], recompute="none", zero=0,
+        LLAMA,
+        "h100",
+        batch_tokens=8 * 16,
+        seq=16,
+        tokens_per_s=target,
+        chips=[1, 2, 4, 8],
+        recompute="none",
+        zero=0,
         cache=_CACHE,
     )
     assert n <= 4 and found.best.tokens_per_s >= target

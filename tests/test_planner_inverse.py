@@ -28,9 +28,7 @@ BYTES = {0: lambda d: 16.0, 1: lambda d: 4 + 12 / d, 2: lambda d: 2 + 14 / d, 3:
 @pytest.mark.parametrize(("mp", "zero", "printed"), [(1, 0, 2e9), (1, 1, 7.6e9), (1, 3, 128e9), (8, 2, 115.2e9)])
 def test_zero_table2_largest_model(mp, zero, printed):
     plan = Plan(dp=64, tp=mp, zero=zero)
-    cfg, _ = largest_model(
-        FAMILY, V100, plan, batch_tokens=64 * 128, seq=128, count="model_state", max_layers=8192
-    )
+    cfg, _ = largest_model(FAMILY, V100, plan, batch_tokens=64 * 128, seq=128, count="model_state", max_layers=8192)
     theory = V100.hbm_capacity * mp / BYTES[zero](64)  # parameters the formula allows
     per_layer = FAMILY.scaled(layers=2).param_count() - FAMILY.scaled(layers=1).param_count()
     psi = cfg.param_count()

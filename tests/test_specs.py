@@ -101,8 +101,12 @@ def global_cases(draw, order: str):
     layout = draw(layouts(mesh, draw(st.integers(1, 3))))
     if order == "mesh" and not split_in_mesh_order(layout, mesh):
         layout = Layout.parse(
-            "[" + ", ".join(f"{d.name}_{{{','.join(sorted(d.axes, key=mesh.axis_index))}}}" if d.axes else d.name
-                            for d in layout.dims) + "]"
+            "["
+            + ", ".join(
+                f"{d.name}_{{{','.join(sorted(d.axes, key=mesh.axis_index))}}}" if d.axes else d.name
+                for d in layout.dims
+            )
+            + "]"
         )
     shape = tuple(draw(st.integers(1, 3)) * mesh.axis_size(d.axes) if d.axes else draw(st.integers(1, 3))
                   for d in layout.dims)  # fmt: skip

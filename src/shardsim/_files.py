@@ -330,5 +330,3 @@ def strays(parent: Path, name: str) -> list[Path]:
             except OSError:
                 pass
     return out
-
-

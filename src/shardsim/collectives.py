@@ -111,11 +111,8 @@ def _jax_call_message(op: str, usage: str, positional: list[str], args: tuple[An
     return f"{op}: {why}; call it as {usage} (docs/coming-from-jax.md has the table)"
 
 
-
 @_refuses_jax_calls("all_gather(x, 'Y')")
-def all_gather(
-    x: ShardedArray, axis: Axes, *, label: str | None = None, category: str | None = None
-) -> ShardedArray:
+def all_gather(x: ShardedArray, axis: Axes, *, label: str | None = None, category: str | None = None) -> ShardedArray:
     """Un-split the dimension split over ``axis``: ``[B_X, D] -> [B, D]`` (AllGather_X).
 
     ``axis`` must be the minor end of that dimension's split (``D_XY``: gather ``Y`` or

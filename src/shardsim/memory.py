@@ -76,6 +76,7 @@ class Allocation(Protocol):
     def dtype(self) -> np.dtype: ...
     def describe(self) -> str: ...
 
+
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries")
 _MOST = 2**63 - 1  # the ledger's counts are int64: refuse what would wrap them
 

@@ -115,9 +115,7 @@ class Mesh:
     def check_axis(self, axis: str) -> str:
         """Return ``axis`` if the mesh has it, else raise :class:`MeshAxisError` naming the axes it has."""
         if not isinstance(axis, str):
-            raise ArgumentTypeError(
-                f"axis={axis!r}: a mesh axis is named by a string, one of {list(self.axis_names)}"
-            )
+            raise ArgumentTypeError(f"axis={axis!r}: a mesh axis is named by a string, one of {list(self.axis_names)}")
         if axis not in self._axes:
             raise MeshAxisError(f"unknown mesh axis {axis!r}; this mesh has axes {list(self.axis_names)} ({self})")
         return axis

@@ -343,9 +343,7 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: st
         scalar = b if x is a else a
         if isinstance(scalar, np.ndarray) or _ndim(scalar, sym) != 0:
             if np.ndim(scalar) != 0:
-                raise ShardingError(
-                    f"{x.describe()} {sym} a NumPy array: shard the array first so its layout is known"
-                )
+                raise ShardingError(f"{x.describe()} {sym} a NumPy array: shard the array first so its layout is known")
             scalar = scalar[()]  # a 0-d array is its scalar, as NumPy treats it
         what = f"{x.describe()} {sym} {scalar!r}" if x is a else f"{scalar!r} {sym} {x.describe()}"
         probe = np.zeros(0, x.dtype)

@@ -138,9 +138,7 @@ def _report(scheme: Scheme, k: int, case: Mapping[str, Any], why: str) -> str:
 
 
 # -- hypothesis strategies --------------------------------------------------------------------------
-def meshes(
-    *, min_axes: int = 1, max_axes: int = 3, max_size: int = 8, max_chips: int = 64
-) -> SearchStrategy[Mesh]:
+def meshes(*, min_axes: int = 1, max_axes: int = 3, max_size: int = 8, max_chips: int = 64) -> SearchStrategy[Mesh]:
     """Meshes of ``min_axes`` to ``max_axes`` axes (up to 4), each of 1 to ``max_size`` chips, at most
     ``max_chips`` in all; axes named ``X, Y, Z, W`` or ``data, model, pipe, expert``.
 

@@ -37,7 +37,6 @@ _layer: contextvars.ContextVar[int] = contextvars.ContextVar("shardsim_layer", d
 _item: contextvars.ContextVar[str] = contextvars.ContextVar("shardsim_item", default="")
 
 
-
 class TimedStep(Protocol):
     """One event of a trace placed on a time line (the cost model's :class:`~shardsim.cost.timeline.Bar`).
 

@@ -167,7 +167,6 @@ def test_refused_before_tracing() -> None:
         Trainer("ddp", shardsim.Mesh(X=2), p, engine="torch")
 
 
-
 @pytest.mark.parametrize(("name", "shape", "chip"), [("ddp", {"X": 4}, {"X": 3}), ("zero2", {"X": 2}, {"X": 1}),
                                                      ("fsdp_tp", {"X": 2, "Y": 2}, {"X": 0, "Y": 1})])  # fmt: skip
 def test_a_failed_chip_fails_the_step_as_on_numpy_before_any_work(
@@ -224,7 +223,9 @@ def test_apply_on_jax_arrays_is_update_on_numpy_blocks(opt) -> None:  # type: ig
     w, g = rng.standard_normal(64).astype(np.float32), rng.standard_normal(64).astype(np.float32)
     state = {s: np.abs(rng.standard_normal(64)).astype(np.float32) for s in opt.slots}
     new_w, new_state = opt.apply(
-        jax.numpy.asarray(w), jax.numpy.asarray(g), {s: jax.numpy.asarray(v) for s, v in state.items()},
+        jax.numpy.asarray(w),
+        jax.numpy.asarray(g),
+        {s: jax.numpy.asarray(v) for s, v in state.items()},
         jax.numpy.asarray(opt.factors(3), np.float32),
     )
     opt.update(w, g, state, 3)  # in place

@@ -204,9 +204,7 @@ def encode_tree(
         return {"array": name}, arrays
     if isinstance(state, Mapping):
         return {
-            "dict": {
-                _key(k, prefix): encode_tree(v, arrays, prefix + k + "/", level + 1)[0] for k, v in state.items()
-            }
+            "dict": {_key(k, prefix): encode_tree(v, arrays, prefix + k + "/", level + 1)[0] for k, v in state.items()}
         }, arrays
     if type(state) in (list, tuple):
         nodes = [encode_tree(v, arrays, f"{prefix}{i}/", level + 1)[0] for i, v in enumerate(state)]
@@ -235,7 +233,7 @@ def decode_tree(node: Any, built: Mapping[str, Any], root: object, level: int = 
     """The saved state from its tree node, with ``built`` values for its arrays."""
     if not isinstance(node, dict) or len(node) != 1 or level > MAX_NESTING:
         raise CheckpointError(f"checkpoint {root}: {INDEX} tree node {_short(node)} is malformed")
-    (tag, body), = node.items()
+    ((tag, body),) = node.items()
     if tag == "dict" and isinstance(body, dict):
         return {k: decode_tree(v, built, root, level + 1) for k, v in body.items()}
     if tag in ("list", "tuple") and isinstance(body, list):
@@ -252,7 +250,7 @@ def decode_tree(node: Any, built: Mapping[str, Any], root: object, level: int = 
 
 def tree_arrays(node: Any) -> list[str]:
     """The array names a (checked) tree refers to, in order."""
-    (tag, body), = node.items()
+    ((tag, body),) = node.items()
     if tag == "array":
         return [body]
     if tag == "dict":

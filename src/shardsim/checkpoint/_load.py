@@ -283,8 +283,21 @@ def _plan(root: Path, name: str, meta: Any, mesh: Mesh, wanted: Any) -> _Plan:
     parsed.sort(key=lambda b: b.index)
     same = axes == mesh.axis_names and sizes == mesh.shape and target == saved
     return _Plan(
-        where, name, axes, sizes, saved, target, global_shape, block_shape, dtype, stored, label, category, cshape,
-        parsed, same,
+        where,
+        name,
+        axes,
+        sizes,
+        saved,
+        target,
+        global_shape,
+        block_shape,
+        dtype,
+        stored,
+        label,
+        category,
+        cshape,
+        parsed,
+        same,
     )
 
 
@@ -313,9 +326,7 @@ def _target_layout(
     return target
 
 
-def _block(
-    where: str, entry: Any, axes: tuple[str, ...], sizes: tuple[int, ...], varying: tuple[bool, ...]
-) -> _Block:
+def _block(where: str, entry: Any, axes: tuple[str, ...], sizes: tuple[int, ...], varying: tuple[bool, ...]) -> _Block:
     try:
         if not isinstance(entry, dict) or not isinstance(entry.get("chip"), dict):
             raise _index.MalformedError(f"{_index._short(entry)} is not a block entry")
@@ -375,8 +386,16 @@ def _read_array(folder: Folder, plan: _Plan, stats: list[os.stat_result]) -> _Re
     if plan.stored != plan.dtype:
         compact = compact.view(plan.dtype)
     return _Ready(
-        plan.name, plan.axes, compact, plan.saved, plan.target, plan.global_shape, plan.dtype, plan.label,
-        plan.category, plan.same_placement,
+        plan.name,
+        plan.axes,
+        compact,
+        plan.saved,
+        plan.target,
+        plan.global_shape,
+        plan.dtype,
+        plan.label,
+        plan.category,
+        plan.same_placement,
     )
 
 

@@ -37,8 +37,8 @@ from __future__ import annotations
 from ..strategies.demo import DemoRun, demo_mesh, grad_name, run_demo
 from .args import LIMITS, count, key_values, mesh_sizes, mesh_type, positive_int, seed
 from .demo_text import step_rows
-from .framework import COMMANDS, Subcommand, UsageError, build_parser, commands, subcommand
 from .entry import main
+from .framework import COMMANDS, Subcommand, UsageError, build_parser, commands, subcommand
 
 __all__ = [
     "COMMANDS",

@@ -132,14 +132,33 @@ def cli_estimate(args: argparse.Namespace) -> int:
     if batch > LIMITS["batch"]:
         raise CommandLineError(f"--per-chip-batch x {mesh.size} chips is {batch:,} tokens; the limit is 2**34")
     if split:
-        est = best_split(hw, batch, args.d_model, args.d_ff, chips=args.chips, layers=args.layers,
-                         overlap=not args.no_overlap, links=args.links, efficiency=args.efficiency)
+        est = best_split(
+            hw,
+            batch,
+            args.d_model,
+            args.d_ff,
+            chips=args.chips,
+            layers=args.layers,
+            overlap=not args.no_overlap,
+            links=args.links,
+            efficiency=args.efficiency,
+        )
         mesh = est.mesh
         if not (args.json or args.csv):
             print(f"fsdp_tp on {args.chips} chips: the fastest split is {mesh} (--mesh sets one)")
     else:
-        est = estimate(scheme, mesh, hw, batch, args.d_model, args.d_ff, args.layers, not args.no_overlap,
-                       links=args.links, efficiency=args.efficiency)
+        est = estimate(
+            scheme,
+            mesh,
+            hw,
+            batch,
+            args.d_model,
+            args.d_ff,
+            args.layers,
+            not args.no_overlap,
+            links=args.links,
+            efficiency=args.efficiency,
+        )
     crit = (
         critical_batch(scheme, hw, args.d_ff, d_model=args.d_model, mesh=mesh, links=args.links)
         if args.critical
@@ -363,9 +382,7 @@ def add_critical_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_options(parser, table=False)
 
 
-@subcommand(
-    "critical", "the per-chip batch above which a scheme is compute-bound", configure=add_critical_arguments
-)
+@subcommand("critical", "the per-chip batch above which a scheme is compute-bound", configure=add_critical_arguments)
 def cli_critical(args: argparse.Namespace) -> int:
     """Run ``shardsim critical``: the tokens per chip above which the scheme is compute-bound.
 

@@ -224,8 +224,8 @@ def _estimate_mlp(
     """An MLP's step: its scheme's program shape-only, timed, and its training step's memory."""
     if policy is not None:
         raise CostModelError(
-                f"policy={policy!r}: a byte policy is the transformer's; an MLP takes optimizer and precision"
-            )
+            f"policy={policy!r}: a byte policy is the transformer's; an MLP takes optimizer and precision"
+        )
     batch = tokens_argument(batch_tokens, "batch_tokens") if isinstance(batch_tokens, str) else batch_tokens
     name = mlp_scheme(model, p, scheme)
     on = p.mesh() if mesh is None else mesh if isinstance(mesh, Mesh) else Mesh(dict(mesh))

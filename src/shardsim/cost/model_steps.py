@@ -284,9 +284,7 @@ def _signature(e: Event) -> tuple[object, ...]:
     return (e.op, e.axes, e.phase, e.kernel, *sizes, e.where)
 
 
-def _expand(
-    template: Sequence[Step], plan: Plan, per_chunk: int, n_t: int, m: int, m_t: int
-) -> list[Step] | None:
+def _expand(template: Sequence[Step], plan: Plan, per_chunk: int, n_t: int, m: int, m_t: int) -> list[Step] | None:
     """The real program's steps from the template's (see the module doc); None when the
     template's layers of one chunk do not run the same steps (then the caller traces whole)."""
     from ..strategies.pipeline.schedule import make

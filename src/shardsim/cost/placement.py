@@ -308,7 +308,7 @@ def _factorizations(n: int, k: int) -> list[tuple[int, ...]]:
         return [(n,)]
     out = []
     for d in range(1, n + 1):
-        if n % d == 0 and d ** k <= n:
+        if n % d == 0 and d**k <= n:
             out += [(d, *rest) for rest in _factorizations(n // d, k - 1) if rest[0] >= d]
     return out
 
@@ -397,9 +397,7 @@ def hungry_first(roles: Mapping[str, str], mesh: Mesh) -> list[str]:
     return sorted(order, key=lambda a: (HUNGER.get(role_of.get(a, ""), len(HUNGER)), order.index(a)))
 
 
-def _default_parts(
-    hardware: Hardware, mesh: Mesh, inner: Sequence[str] | None = None
-) -> dict[str, tuple[Part, ...]]:
+def _default_parts(hardware: Hardware, mesh: Mesh, inner: Sequence[str] | None = None) -> dict[str, tuple[Part, ...]]:
     names = list(hardware.networks)
     first = hardware.networks[names[0]]
     sizes = dict(zip(mesh.axis_names, mesh.shape))

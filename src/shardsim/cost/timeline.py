@@ -249,9 +249,7 @@ class Timeline:
             if not b.is_compute:  # exposed: the seconds compute sat idle waiting on it
                 row[2] += b.exposed
         header = ("phase", "stream", "bars", "time", "exposed")
-        body = [
-            (p, s, str(n), fmt_time(t), "-" if x is None else fmt_time(x)) for (p, s), (n, t, x) in rows.items()
-        ]
+        body = [(p, s, str(n), fmt_time(t), "-" if x is None else fmt_time(x)) for (p, s), (n, t, x) in rows.items()]
         return [header, *body], {2, 3, 4}
 
 

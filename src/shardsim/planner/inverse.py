@@ -240,5 +240,3 @@ def days_to_train(estimate: PlanEstimate | PlanTable, tokens: float) -> float:
     if not _positive(tokens):
         raise PlannerError(f"days_to_train needs a positive, finite token budget, got {tokens!r}")
     return float(tokens / est.tokens_per_s / 86400)
-
-

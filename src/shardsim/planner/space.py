@@ -343,9 +343,7 @@ def _sharded(
                 continue
             for method in c.options("cp_method", list(CP_METHODS)) if cp > 1 else ["ring"]:
                 for recompute in c.options("recompute", list(RECOMPUTE)):
-                    base = degrees.replace(
-                        zero=zero, sp=sp, recompute=recompute, cp_method=method, attention=attention
-                    )
+                    base = degrees.replace(zero=zero, sp=sp, recompute=recompute, cp_method=method, attention=attention)
                     yield from _batches(model, base, batch_tokens, seq, c, orders)
 
 

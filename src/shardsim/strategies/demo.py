@@ -261,7 +261,6 @@ def _check(
     return name, err, tol, bool(err <= tol)
 
 
-
 def mesh_for(name: str, chips: int) -> Mesh:
     """The mesh a scheme trains on: one axis per role (X data, Y model or expert, Z pipe), the chips
     split over them as evenly as they go.

@@ -108,8 +108,10 @@ class JaxStep:
                     for i, b in enumerate(masters)
                 ]
                 moms = [
-                    {k: {s: _value(mesh, m[k][s], state_lay[k], shapes[i][k], None, "optimizer") for s in m[k]}
-                     for k in t.names}
+                    {
+                        k: {s: _value(mesh, m[k][s], state_lay[k], shapes[i][k], None, "optimizer") for s in m[k]}
+                        for k in t.names
+                    }
                     for i, m in enumerate(moments)
                 ]
                 xs = _value(mesh, xb, lay["x"], x.shape, "In", "activations")

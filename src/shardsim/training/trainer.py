@@ -337,9 +337,7 @@ class Trainer(Checkpointed):
         self.roles = roles = Roles.of(plan, cfg.n_kv)
         self.data_axis = roles.data
         split = plan.zero >= 1 and roles.data is not None  # ZeRO-1/2/3: the state split over data
-        self.state_layouts = {
-            k: "[" + ", ".join(roles.weight_dims(k, sharded=split)) + "]" for k in cfg.param_shapes()
-        }
+        self.state_layouts = {k: "[" + ", ".join(roles.weight_dims(k, sharded=split)) + "]" for k in cfg.param_shapes()}
         self.gathers = split and plan.zero < 3  # ZeRO-1/2: the updated slices are AllGathered
         prec = self.precision
         self.params = own_all(place_weights(cfg, plan, mesh, params, prec.compute))

@@ -80,9 +80,7 @@ def forward(
 ) -> tuple[ShardedArray, ShardedArray]:
     """``(o, lse)``: attention of every chip's queries ``[B, S_C, N_Y, H]`` over the whole sequence
     (ring or all-gather over the context axis, or one FlashAttention block without one)."""
-    o, saved = context_attention(
-        q, k, v, _positions(pos, q), axis=roles.context, causal=True, method=roles.cp_method
-    )
+    o, saved = context_attention(q, k, v, _positions(pos, q), axis=roles.context, causal=True, method=roles.cp_method)
     return o.named("O"), saved.lse
 
 
