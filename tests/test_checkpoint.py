@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 import shardsim
 from fuzz_budget import budget
-from shardsim import CheckpointError, checkpoint
-from shardsim.checkpoint import _files, _save
+from shardsim import CheckpointError, _files, checkpoint
+from shardsim.checkpoint import _save
 from shardsim.layout import Dim, Layout
 
 NAMES = ("X", "Y", "Z")

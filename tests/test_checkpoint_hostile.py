@@ -542,7 +542,7 @@ def test_permission_denied(tmp_path: Path, x: Any, monkeypatch: pytest.MonkeyPat
 
 
 def test_a_full_disk_leaves_the_previous_checkpoint(tmp_path: Path, x: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardsim.checkpoint import _files
+    from shardsim import _files
 
     path = checkpoint.save(tmp_path / "c", {"x": x})
     before = {p.name: p.read_bytes() for p in path.iterdir()}
@@ -630,7 +630,7 @@ SAVE_FAULTS = {
 def test_a_failed_save_leaves_no_temporary_directory(
     tmp_path: Path, x: Any, monkeypatch: pytest.MonkeyPatch, fault: str, over: bool
 ) -> None:
-    from shardsim.checkpoint import _files
+    from shardsim import _files
 
     path = tmp_path / "c"
     if over:
