@@ -84,24 +84,10 @@ UPWARD_EXCEPTIONS: set[tuple[str, str]] = {
     ("shardsim.engines.jax.program", "shardsim.strategies.base"),
     ("shardsim.engines.jax.program", "shardsim.strategies.result"),
     ("shardsim.engines.jax.program", "shardsim.strategies.runner"),
-    # a model's memory reads the shared cache of traced training steps, which sits in cost: it goes to training
-    ("shardsim.training.footprint", "shardsim.cost.builder"),
-    # the compute dtype of a plan's precision: dtypes.PRECISION_DTYPES[plan.precision][0]
-    ("shardsim.transformer.run", "shardsim.training.precision"),
 }
 CIRCLE_EXCEPTIONS: set[frozenset[str]] = {
     # the estimate's entry and its sweep and critical-batch forms call each other: the entry goes below both
     frozenset({"shardsim.cost.critical", "shardsim.cost.estimator", "shardsim.cost.sweeps"}),
-    # the footprint above (training imports cost.builder, whose programs import training)
-    frozenset(
-        {
-            "shardsim.cost.builder",
-            "shardsim.cost.model_steps",
-            "shardsim.cost.program",
-            "shardsim.training",
-            "shardsim.training.footprint",
-        }
-    ),
     # the step programs name the Trainer they run for in their types: a protocol of what they read
     frozenset(
         {
@@ -111,24 +97,10 @@ CIRCLE_EXCEPTIONS: set[frozenset[str]] = {
             "shardsim.training.trainer",
         }
     ),
-    # run_model imports the pipelined path, which imports run's helpers back: they go to a module of their own
-    frozenset({"shardsim.transformer.pipelined", "shardsim.transformer.run"}),
     # strategies.plans imports the registry; the registry imports it back
     frozenset({"shardsim.strategies", "shardsim.strategies.plans"}),
 }
-PRIVATE_EXCEPTIONS: set[tuple[str, str, str]] = {
-    ("shardsim.models.reference", "shardsim.models.reference_block", "_block_backward"),
-    ("shardsim.models.reference", "shardsim.models.reference_block", "_block_forward"),
-    ("shardsim.models.reference", "shardsim.models.reference_block", "_masks"),
-    ("shardsim.models.reference", "shardsim.models.reference_block", "_norm"),
-    ("shardsim.models.reference", "shardsim.models.reference_block", "_norm_backward"),
-    ("shardsim.planner.evaluate", "shardsim.strategies.pipeline.schedule", "_needs"),
-    ("shardsim.transformer.demo", "shardsim.transformer.run", "_place"),
-    ("shardsim.transformer.demo", "shardsim.transformer.run", "_tokens"),
-    ("shardsim.transformer.pipelined", "shardsim.transformer.run", "_Gradients"),
-    ("shardsim.transformer.pipelined", "shardsim.transformer.run", "_compute_dtype"),
-    ("shardsim.transformer.pipelined", "shardsim.transformer.run", "_tokens"),
-}
+PRIVATE_EXCEPTIONS: set[tuple[str, str, str]] = set()
 # Core modules whose runtime imports reach above their layer: (module, layer imported).
 LAYER_EXCEPTIONS: set[tuple[str, str]] = {
     ("shardsim.engines.jax.program", "array"),  # the JAX program of the schemes, as above

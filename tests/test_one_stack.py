@@ -165,3 +165,21 @@ def test_run_model_refuses_an_mlp_its_params_are_not_and_a_plan_its_scheme_does_
         run_model(model, Plan(dp=2, tp=2), Plan(dp=2, tp=2).mesh(), params, x, dout, scheme="ddp")
     with pytest.raises(PlanError, match="sets dp=4 on mesh axis 'data'"):
         run_model(model, Plan(dp=4), Plan(dp=2).mesh(), params, x, dout)
+
+
+@pytest.mark.parametrize("text", ["pp=2,microbatches=2", "dp=2,pp=2,microbatches=2", "tp=2,pp=2,microbatches=2"])
+def test_a_pipelined_step_reads_back_as_the_unpipelined_one(text: str) -> None:
+    """The pipelined path gives the one result filled as the plain step fills it: every stored
+    activation named by its layer, every gradient's layout, the plan's axes, model, plan, mesh."""
+    cfg = TransformerConfig(layers=2, d_model=8, heads=2, d_ff=16, vocab=8, seq=4)
+    params = reference.init(cfg, seed=0, dtype="float64")
+    tok = np.arange(16).reshape(4, 4) % 8
+    piped = Plan.parse(text)
+    flat = piped.replace(pp=1, microbatches=1)
+    a = run_model(cfg, flat, flat.mesh(), params, tok, tok)
+    b = run_model(cfg, piped, piped.mesh(), params, tok, tok)
+    assert sorted(b.activations) == sorted(a.activations) and all(n > 0 for n in b.activations.values())
+    assert sorted(b.layouts) == sorted(a.layouts) == sorted(f"d{k}" for k in params)
+    assert b.axes == {r: a for r, a in piped.axes().items() if piped.degree(r) > 1}
+    assert (b.model, b.plan, b.mesh) == (cfg, piped, b.mesh) and b.mesh.shape == piped.mesh().shape
+    assert np.isclose(b.loss, a.loss) and b.memory.peak("params").shape == piped.mesh().shape

@@ -95,6 +95,15 @@ class _Entry:
         return (value.label if value is not None else None) or self.label
 
 
+def per_chip(memory: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """The busiest chip's bytes in each category.
+
+    >>> per_chip({"params": np.array([3, 5]), "total": np.array([4, 9])})
+    {'params': 5, 'total': 9}
+    """
+    return {c: int(np.max(v)) for c, v in memory.items()}
+
+
 class MemoryLedger:
     """Live and peak bytes of every chip of a mesh, by category.
 

@@ -8,8 +8,9 @@ A model under a plan has one program: :func:`program_of` builds it for an
 :func:`~shardsim.cost.model_steps.model_program`). :func:`memory_of` gives the memory of the
 same model's training step. The transformer's training steps themselves, which
 :func:`~shardsim.training.model_memory` and the planner's traced layers
-(:class:`~shardsim.planner.program.LayerCache`) both read, come from :func:`trained_step`,
-whose cache they share: a step traced once is never traced again.
+(:class:`~shardsim.planner.program.LayerCache`) both read, come from
+:func:`~shardsim.training.traced.trained_step`, whose cache they share: a step traced once is
+never traced again.
 
 >>> from shardsim.models import MLP, get
 >>> from shardsim.plans import Plan
@@ -21,20 +22,18 @@ whose cache they share: a step traced once is never traced again.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import CostModelError
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..models.mlp import MLP
 from ..plans import Plan
-from ..tracing import Event
-from .program import Program, mlp_program, mlp_training_memory, per_chip
+from ..training.traced import STEPS_KEPT, TrainedStep, clear_steps, steps_held, trained_step
+from .program import Program, mlp_program, mlp_training_memory
 
 if TYPE_CHECKING:
-    from ..training.precision import Precision
+    pass
 
 Model = TransformerConfig | MLP
 
@@ -127,104 +126,6 @@ def memory_of(
 
     b, s = check_batch(model, plan, batch_tokens, seq)
     return model_memory_ledger(model, plan, b, s, optimizer, precision, policy)
-
-
-@dataclass(frozen=True)
-class TrainedStep:
-    """What one shape-only training step of a transformer measured: its events (empty when
-    they were not asked for), each category's per-chip peak bytes, the model state between
-    the backward pass and the update, the most bytes a chip keeps for the backward pass, and
-    the mesh it ran on."""
-
-    events: tuple[Event, ...]
-    memory: dict[str, int]
-    model_state: dict[str, int]
-    stored: int
-    mesh: Mesh
-    has_events: bool
-
-
-#: How many training steps :func:`trained_step` keeps (the least recently read goes first).
-STEPS_KEPT = 256
-_steps: OrderedDict[tuple[Any, ...], TrainedStep] = OrderedDict()
-
-
-def trained_step(
-    cfg: TransformerConfig,
-    plan: Plan,
-    mesh: Mesh,
-    tokens: tuple[int, int],
-    optimizer: str,
-    precision: Precision,
-    *,
-    events: bool = True,
-) -> TrainedStep:
-    """One shape-only step of :class:`~shardsim.training.model_trainer.ModelTrainer` on a fresh
-    copy of ``mesh``, the weights in ``precision``'s compute dtype and ``tokens`` (sequences,
-    seq) as both input and target; cached by all of them, so every caller (the memory of a
-    model's step, the planner's layers) shares each step traced. ``events=False`` keeps only
-    the figures (a deep pipeline's step holds a great many events).
-
-    >>> from shardsim.models import get
-    >>> from shardsim.training.precision import Precision
-    >>> cfg, plan = get("gpt-tiny").scaled(layers=1), Plan(dp=2)
-    >>> a = trained_step(cfg, plan, plan.mesh(), (2, 16), "adam", Precision.of("bf16"))
-    >>> a is trained_step(cfg, plan, plan.mesh(), (2, 16), "adam", Precision.of("bf16")), a.stored > 0
-    (True, True)
-    """
-    key = (cfg, plan, tuple(mesh.axis_names), tuple(mesh.shape), tuple(tokens), optimizer, precision)
-    try:
-        hit = _steps.get(key)
-    except TypeError:  # an argument that cannot be a key: trace it, uncached
-        return _trace_step(cfg, plan, mesh, tokens, optimizer, precision, events)
-    if hit is not None and (hit.has_events or not events):
-        _steps.move_to_end(key)
-        return hit
-    step = _trace_step(cfg, plan, mesh, tokens, optimizer, precision, events)
-    _steps[key] = step
-    while len(_steps) > STEPS_KEPT:
-        _steps.popitem(last=False)
-    return step
-
-
-def steps_held() -> int:
-    """How many training steps :func:`trained_step` holds now.
-
-    >>> clear_steps(); steps_held()
-    0
-    """
-    return len(_steps)
-
-
-def clear_steps() -> None:
-    """Forget every training step :func:`trained_step` holds.
-
-    >>> clear_steps()
-    """
-    _steps.clear()
-
-
-def _trace_step(
-    cfg: TransformerConfig,
-    plan: Plan,
-    mesh: Mesh,
-    tokens: tuple[int, int],
-    optimizer: str,
-    precision: Precision,
-    events: bool,
-) -> TrainedStep:
-    from ..array import ShapeDtype
-    from ..training.model_trainer import ModelTrainer
-
-    fresh = Mesh(dict(zip(mesh.axis_names, mesh.shape)))
-    params = {k: ShapeDtype(s, precision.compute) for k, s in cfg.param_shapes().items()}
-    tok = ShapeDtype(tuple(tokens), "int32")
-    trainer = ModelTrainer(cfg, plan, fresh, params, optimizer, precision=precision)
-    res = trainer.step(tok, tok)
-    recorded = tuple(res.trace.events) if events else ()
-    stored = int(res.stored_activations.max())
-    shape = Mesh(dict(zip(trainer.mesh.axis_names, trainer.mesh.shape)))
-    return TrainedStep(recorded, per_chip(res.memory), per_chip(res.model_state), stored, shape, events)
 
 
 __all__ = [

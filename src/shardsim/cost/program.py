@@ -30,6 +30,7 @@ import numpy as np
 from ..array import ShapeDtype
 from ..dtypes import resolve_dtype
 from ..errors import ShardsimError
+from ..memory import per_chip
 from ..mesh import Mesh
 from ..models.mlp import MLP
 from ..tracing import Event, Trace
@@ -207,15 +208,6 @@ def _shape_only_inputs(
 
     params = weights_of(scheme, model, dtype)
     return Mesh(dict(zip(mesh.axis_names, mesh.shape))), params, ShapeDtype((batch, model.d_model), dtype)
-
-
-def per_chip(memory: Mapping[str, np.ndarray]) -> dict[str, int]:
-    """The busiest chip's bytes in each category.
-
-    >>> per_chip({"params": np.array([3, 5]), "total": np.array([4, 9])})
-    {'params': 5, 'total': 9}
-    """
-    return {c: int(np.max(v)) for c, v in memory.items()}
 
 
 def program_steps(events: Sequence[Event], layers: int = 1) -> list[Step]:

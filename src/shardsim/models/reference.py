@@ -43,7 +43,7 @@ from .reference_attention import (
     rope,
     rope_backward,
 )
-from .reference_block import _block_backward, _block_forward, _masks, _norm, _norm_backward, block, block_grads
+from .reference_block import apply_norm, block, block_backward, block_forward, block_grads, dropout_masks, norm_backward
 from .reference_pieces import (
     SITE_INDEX,
     SITES,
@@ -153,11 +153,11 @@ def _run(
         x = x + params["pos_embed"][:s]
     caches = []
     for i in range(cfg.layers):
-        x, cache = _block_forward(cfg, params, i, x, _masks(cfg, i, seed, b, s))
+        x, cache = block_forward(cfg, params, i, x, dropout_masks(cfg, i, seed, b, s))
         caches.append(cache)
     w = _head_weight(cfg, params)
     dt = compute_dtype(x, w)  # logits in float32, float64 for float64 params
-    hf = _norm(cfg, params, "final_norm", x)
+    hf = apply_norm(cfg, params, "final_norm", x)
     return hf.astype(dt, copy=False) @ w.astype(dt, copy=False), caches, x, hf
 
 
@@ -209,9 +209,9 @@ def loss_and_grads(
     w = _head_weight(cfg, params)
     d, v = w.shape
     dw = hf.reshape(-1, d).astype(dlogits.dtype, copy=False).T @ dlogits.reshape(-1, v)
-    dx = _norm_backward(cfg, params, "final_norm", x, (dlogits @ w.T.astype(dlogits.dtype)).astype(x.dtype), grads)
+    dx = norm_backward(cfg, params, "final_norm", x, (dlogits @ w.T.astype(dlogits.dtype)).astype(x.dtype), grads)
     for i in reversed(range(cfg.layers)):
-        dx = _block_backward(cfg, params, i, caches[i], dx, grads)
+        dx = block_backward(cfg, params, i, caches[i], dx, grads)
     d_embed = dw.T.astype(params["embed"].dtype) if cfg.tie_embeddings else np.zeros_like(params["embed"])
     np.add.at(d_embed, tok.reshape(-1), dx.reshape(-1, cfg.d_model))  # each token's row gathers its gradient
     grads["embed"] = d_embed

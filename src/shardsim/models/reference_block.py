@@ -42,13 +42,21 @@ Params = dict[str, np.ndarray]
 Cache = dict[str, Any]
 
 
-def _norm(cfg: TransformerConfig, params: Params, prefix: str, x: np.ndarray) -> np.ndarray:
+def apply_norm(cfg: TransformerConfig, params: Params, prefix: str, x: np.ndarray) -> np.ndarray:
+    """The config's norm (LayerNorm or RMSNorm) with the weights under ``prefix``.
+
+    >>> from shardsim.models import get, reference
+    >>> cfg = get("gpt-tiny")
+    >>> y = apply_norm(cfg, reference.init(cfg, dtype="float64"), "final_norm", np.ones((1, 2, 32)))
+    >>> y.shape
+    (1, 2, 32)
+    """
     if cfg.norm == "layernorm":
         return layer_norm(x, params[f"{prefix}.gamma"], params[f"{prefix}.beta"], cfg.norm_eps)
     return rms_norm(x, params[f"{prefix}.gamma"], cfg.norm_eps)
 
 
-def _norm_backward(
+def norm_backward(
     cfg: TransformerConfig, params: Params, prefix: str, x: np.ndarray, dy: np.ndarray, grads: Params
 ) -> np.ndarray:
     """Add the norm's weight gradients to ``grads``; return ``dx``."""
@@ -86,21 +94,21 @@ def _routing(cfg: TransformerConfig, shape: tuple[int, ...]) -> dict[str, Any]:
     return {"top_k": cfg.top_k, "capacity": cfg.expert_capacity(s), "groups": b}
 
 
-def _masks(cfg: TransformerConfig, layer: int, seed: int | None, b: int, s: int) -> dict[str, np.ndarray | None]:
+def dropout_masks(cfg: TransformerConfig, layer: int, seed: int | None, b: int, s: int) -> dict[str, np.ndarray | None]:
     if seed is None or cfg.dropout == 0.0:
         return dict.fromkeys(SITES)
     shapes = {"attn_probs": (b, cfg.heads, s, s), "attn_out": (b, s, cfg.d_model), "mlp_out": (b, s, cfg.d_model)}
     return {site: dropout_mask(seed, layer, site, shape, cfg.dropout) for site, shape in shapes.items()}
 
 
-def _block_forward(
+def block_forward(
     cfg: TransformerConfig, params: Params, i: int, x: np.ndarray, masks: dict[str, np.ndarray | None]
 ) -> tuple[np.ndarray, Cache]:
     """Block ``i`` on ``x [B, S, D]``: its output and what its backward pass reads."""
     p, b, s = f"layers.{i}", x.shape[0], x.shape[1]
     positions = np.arange(s)
     c: Cache = {"x": x, "masks": masks}
-    c["h1"] = h1 = _norm(cfg, params, f"{p}.attn_norm", x)
+    c["h1"] = h1 = apply_norm(cfg, params, f"{p}.attn_norm", x)
     q = _linear(params, f"{p}.attn.wq", f"{p}.attn.bq", h1).reshape(b, s, cfg.heads, cfg.hd)
     k = _linear(params, f"{p}.attn.wk", f"{p}.attn.bk", h1).reshape(b, s, cfg.n_kv, cfg.hd)
     v = _linear(params, f"{p}.attn.wv", f"{p}.attn.bv", h1).reshape(b, s, cfg.n_kv, cfg.hd)
@@ -109,7 +117,7 @@ def _block_forward(
     o, c["attn"] = attention_forward(q, k, v, positions=positions, keep=masks["attn_probs"], p=cfg.dropout)
     c["o"] = o = o.reshape(b, s, cfg.heads * cfg.hd)
     c["x_mid"] = x = x + dropout(_linear(params, f"{p}.attn.wo", f"{p}.attn.bo", o), masks["attn_out"], cfg.dropout)
-    c["h2"] = h2 = _norm(cfg, params, f"{p}.mlp_norm", x)
+    c["h2"] = h2 = apply_norm(cfg, params, f"{p}.mlp_norm", x)
     if cfg.experts:  # the mixture of experts on every token of the batch, token by token
         m = moe.forward(_experts(params, p), h2.reshape(-1, cfg.d_model), "gelu", **_routing(cfg, h2.shape))
         m = m.reshape(h2.shape)
@@ -141,7 +149,7 @@ def block(
     """
     check_params(cfg, params)
     _check_block_input(cfg, layer, x)
-    return _block_forward(cfg, params, layer, x, _masks(cfg, layer, dropout_seed, *x.shape[:2]))[0]
+    return block_forward(cfg, params, layer, x, dropout_masks(cfg, layer, dropout_seed, *x.shape[:2]))[0]
 
 
 def _check_block_input(cfg: TransformerConfig, layer: int, x: np.ndarray) -> None:
@@ -153,7 +161,7 @@ def _check_block_input(cfg: TransformerConfig, layer: int, x: np.ndarray) -> Non
         )
 
 
-def _block_backward(
+def block_backward(
     cfg: TransformerConfig, params: Params, i: int, c: Cache, dx: np.ndarray, grads: Params
 ) -> np.ndarray:
     """Block ``i``'s weight gradients into ``grads``; return the cotangent of its input."""
@@ -172,7 +180,7 @@ def _block_backward(
         dgate, dup = swiglu_backward(c["gate"], c["up"], dact)
         dh2 = _linear_backward(params, f"{p}.mlp.w_gate", f"{p}.mlp.b_gate", c["h2"], dgate, grads)
         dh2 = dh2 + _linear_backward(params, f"{p}.mlp.w_up", f"{p}.mlp.b_up", c["h2"], dup, grads)
-    dx = dx + _norm_backward(cfg, params, f"{p}.mlp_norm", c["x_mid"], dh2, grads)
+    dx = dx + norm_backward(cfg, params, f"{p}.mlp_norm", c["x_mid"], dh2, grads)
     da = dropout(dx, masks["attn_out"], cfg.dropout)
     do = _linear_backward(params, f"{p}.attn.wo", f"{p}.attn.bo", c["o"], da, grads)
     dq, dk, dv = attention_grads(c["attn"], do.reshape(b, s, cfg.heads, cfg.hd))
@@ -182,7 +190,7 @@ def _block_backward(
     dh1 = _linear_backward(params, f"{p}.attn.wq", f"{p}.attn.bq", c["h1"], dq.reshape(b, s, -1), grads)
     dh1 = dh1 + _linear_backward(params, f"{p}.attn.wk", f"{p}.attn.bk", c["h1"], dk.reshape(b, s, -1), grads)
     dh1 = dh1 + _linear_backward(params, f"{p}.attn.wv", f"{p}.attn.bv", c["h1"], dv.reshape(b, s, -1), grads)
-    return dx + _norm_backward(cfg, params, f"{p}.attn_norm", c["x"], dh1, grads)
+    return dx + norm_backward(cfg, params, f"{p}.attn_norm", c["x"], dh1, grads)
 
 
 def block_grads(
@@ -207,6 +215,6 @@ def block_grads(
     _check_block_input(cfg, layer, x)
     if dy.shape != x.shape:
         raise ShapeError(f"dy has shape {dy.shape} but the block's input x {x.shape}; the cotangent matches the output")
-    _, cache = _block_forward(cfg, params, layer, x, _masks(cfg, layer, dropout_seed, *x.shape[:2]))
+    _, cache = block_forward(cfg, params, layer, x, dropout_masks(cfg, layer, dropout_seed, *x.shape[:2]))
     grads: Params = {}
-    return _block_backward(cfg, params, layer, cache, dy, grads), grads
+    return block_backward(cfg, params, layer, cache, dy, grads), grads

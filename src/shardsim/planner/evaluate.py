@@ -37,7 +37,7 @@ from typing import Any
 
 from ..cost.timeline import Timeline
 from ..plans import Plan
-from ..strategies.pipeline.schedule import Schedule, _needs
+from ..strategies.pipeline.schedule import Schedule, needs
 from .bounds import busiest_stage_layers, in_flight, schedule_of
 from .program import Layer, LayerCache
 from .space import Candidate, stage_layers
@@ -234,7 +234,7 @@ def _slots(sched: Schedule) -> Slots:
     out = []
     for it in sched.items:
         k = sched.virtual_stage(it)
-        need = _needs(it, p, virtual)
+        need = needs(it, p, virtual)
         forward = it.kind == "F"
         sends = (forward and k < virtual - 1) or (not forward and k > 0)
         out.append((it.stage, k if forward else virtual + k, -1 if need is None else index[need], sends,

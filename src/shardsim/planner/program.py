@@ -11,7 +11,7 @@ bytes from the mesh's ledger, the optimizer state (master weights and moments, a
 policy keeps them) among them. Plans that share a layer sharding
 (the same layer at a different pipeline depth, schedule or placement) share the trace;
 :class:`LayerCache` holds them. The steps themselves are the cost model's shape-only training
-steps (:func:`~shardsim.cost.builder.trained_step`), which
+steps (:func:`~shardsim.training.traced.trained_step`), which
 :func:`~shardsim.training.model_memory` reads too: a step either has traced is not traced again.
 
 The gradient reductions over the data and context axes are kept apart (``sync``): they run
@@ -38,7 +38,6 @@ from typing import Any
 
 from ..array import ShapeDtype, shard
 from ..collectives import ppermute
-from ..cost.builder import trained_step
 from ..cost.efficiency import Efficiency, resolve_efficiency
 from ..cost.hardware import Hardware
 from ..cost.model_steps import recorded_steps
@@ -53,6 +52,7 @@ from ..tracing import Event, trace
 from ..training import policies
 from ..training.policies import BytePolicy
 from ..training.precision import Precision
+from ..training.traced import trained_step
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,7 @@ class LayerCache:
 
     def _trace(self, lp: Plan, micro: int) -> list[_Run]:
         """The two shape-only training steps (one layer, two layers) of the layer program, read
-        from the cost model's shared steps (:func:`~shardsim.cost.builder.trained_step`)."""
+        from the cost model's shared steps (:func:`~shardsim.training.traced.trained_step`)."""
         self.traced += 1
         runs = []
         for layers in (1, 2):

@@ -15,7 +15,7 @@ from ..mesh import Mesh
 from . import ddp, ep, fsdp, fsdp_tp, pp, tp, tp_sp, zero
 from .base import Ctx, Scheme, shape_of
 from .result import RunResult, StepMemory
-from .runner import StrategyResult, prepare, run
+from .runner import StrategyResult, prepare, run, run_prepared
 
 _REGISTRY: dict[str, Scheme] = {m.SCHEME.name: m.SCHEME for m in (ddp, fsdp, tp, fsdp_tp)}
 
@@ -69,10 +69,10 @@ def run_strategy(
     blocks, the scheme's per-layer steps layer after layer; with ``residual`` each block
     adds its input. ``grads`` then has ``[L, ...]`` weight gradients.
 
-    A scheme that is a plan on the MLP is run as that: :func:`plan_of` on ``mesh``, the
-    :class:`~shardsim.models.mlp.MLP` the params are the weights of (:func:`mlp_for`'s
-    sizes), through :func:`run_mlp`, the step :func:`~shardsim.transformer.run_model` runs for an
-    MLP; the result is the same type a transformer's step gives.
+    The step is the one step skeleton's (:func:`~shardsim.strategies.runner.run_prepared`), which
+    :func:`~shardsim.transformer.run_model` of an MLP runs too; a scheme that is a plan on the
+    MLP names its plan (:func:`plan_of` on ``mesh``) and the :class:`~shardsim.models.mlp.MLP`
+    the params are the weights of in the result, the same type a transformer's step gives.
 
     >>> import numpy as np, shardsim
     >>> p = shardsim.models.reference_mlp.init(8, 16)
@@ -84,13 +84,8 @@ def run_strategy(
     """
     scheme = get(name)
     ready = prepare(scheme, mesh, params, x, dout, activation, axes, residual, **options)  # its checks come first
-    on_mlp = _plan_and_model(name, mesh, ready.ctx.axes, params, activation, options)
-    if on_mlp is None:
-        return run(scheme, mesh, params, x, dout, activation=activation, axes=axes, residual=residual, **options)
-    plan, model = on_mlp
-    result = run_mlp(model, plan, mesh, params, x, dout, residual=residual, options=options, scheme=name)
-    result.axes = dict(ready.ctx.axes)  # the roles in the order the caller named them
-    return result
+    plan, model = _plan_and_model(name, mesh, ready.ctx.axes, params, activation, options) or (None, None)
+    return run_prepared(ready, mesh, x, dout, residual=residual, plan=plan, model=model)
 
 
 def _plan_and_model(
@@ -144,6 +139,7 @@ __all__ = [
     "plan_of",
     "reference_of",
     "register",
+    "run",
     "run_mlp",
     "run_strategy",
     "scheme_of",

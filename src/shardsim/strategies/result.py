@@ -12,9 +12,8 @@ model has no value for are None (the transformer has no ``out``, an MLP step dri
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -70,7 +69,7 @@ class StepMemory(dict[str, np.ndarray]):
         return [c for c in CATEGORIES if c in seen] + [c for c in seen if c not in CATEGORIES]
 
 
-@dataclass(init=False)
+@dataclass(kw_only=True)
 class RunResult:
     """One forward and backward step of a model under a plan (or of an MLP scheme).
 
@@ -89,9 +88,6 @@ class RunResult:
     the layouts of the inputs, weights, output and gradients (one block's); ``axes`` the mesh
     axis of each role; ``scheme`` the MLP scheme's name, ``model`` the model, ``plan`` the plan
     (None for a scheme that is no plan on the MLP) and ``mesh`` the mesh.
-
-    ``memory`` may be given as the mesh's ledger: its peaks since its last ``reset_peak``
-    are taken as the step's (as on a fresh mesh), and ``mesh`` is then the ledger's.
     """
 
     loss: float | None
@@ -99,48 +95,14 @@ class RunResult:
     sharded_grads: dict[str, ShardedArray]
     trace: Trace
     memory: StepMemory
-    stored: list[np.ndarray]
-    stored_values: list[dict[str, int]]
-    peak: np.ndarray | None
-    out: np.ndarray | None
-    activations: dict[str, int]
-    layouts: dict[str, str]
-    axes: dict[str, str]
-    scheme: str
-    model: Any
-    plan: Any
     mesh: Mesh
-
-    def __init__(
-        self,
-        loss: float | None,
-        grads: dict[str, np.ndarray] | None,
-        sharded_grads: dict[str, ShardedArray],
-        trace: Trace,
-        memory: StepMemory | MemoryLedger | Mapping[str, np.ndarray],
-        stored: list[np.ndarray] | None = None,
-        stored_values: list[dict[str, int]] | None = None,
-        peak: np.ndarray | None = None,
-        *,
-        out: np.ndarray | None = None,
-        activations: dict[str, int] | None = None,
-        layouts: dict[str, str] | None = None,
-        axes: dict[str, str] | None = None,
-        scheme: str = "",
-        model: Any = None,
-        plan: Any = None,
-        mesh: Mesh | None = None,
-    ) -> None:
-        if isinstance(memory, MemoryLedger):
-            memory = StepMemory.since(memory)
-        elif not isinstance(memory, StepMemory):
-            memory = StepMemory(dict(memory))
-        if mesh is None:
-            if memory.ledger is None:
-                raise TypeError("RunResult needs its mesh: pass mesh=, or memory as the mesh's ledger")
-            mesh = cast(Mesh, memory.ledger.mesh)  # a ledger's chips are its mesh
-        self.loss, self.grads, self.sharded_grads, self.trace, self.memory = loss, grads, sharded_grads, trace, memory
-        self.stored, self.stored_values, self.peak = stored or [], stored_values or [], peak
-        self.out, self.activations, self.layouts, self.axes = out, activations or {}, layouts or {}, axes or {}
-        self.scheme, self.model, self.plan = scheme, model, plan
-        self.mesh: Mesh = mesh
+    stored: list[np.ndarray] = field(default_factory=list)
+    stored_values: list[dict[str, int]] = field(default_factory=list)
+    peak: np.ndarray | None = None
+    out: np.ndarray | None = None
+    activations: dict[str, int] = field(default_factory=dict)
+    layouts: dict[str, str] = field(default_factory=dict)
+    axes: dict[str, str] = field(default_factory=dict)
+    scheme: str = ""
+    model: Any = None
+    plan: Any = None

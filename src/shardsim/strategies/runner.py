@@ -135,6 +135,30 @@ def run(
     pass. ``plan`` and ``model`` are what the result names (the run reads neither).
     """
     ready = prepare(scheme, mesh, params, x, dout, activation, axes, residual, **options)
+    return run_prepared(ready, mesh, x, dout, residual=residual, recompute=recompute, plan=plan, model=model)
+
+
+def run_prepared(
+    ready: Prepared,
+    mesh: Mesh,
+    x: Any,
+    dout: Any,
+    *,
+    residual: bool = False,
+    recompute: bool = False,
+    plan: Any = None,
+    model: Any = None,
+) -> RunResult:
+    """The step of a run :func:`prepare` has checked: its blocks placed, both passes run by the
+    one step skeleton (:func:`~shardsim.strategies.stack.run_step`), the result read back.
+
+    >>> import numpy as np, shardsim
+    >>> from shardsim import strategies
+    >>> x, mesh = np.ones((2, 4)), shardsim.Mesh(X=2)
+    >>> ready = prepare(strategies.get("ddp"), mesh, shardsim.models.reference_mlp.init(4, 8), x, x)
+    >>> run_prepared(ready, mesh, x, x).trace.collectives("backward")
+    [('all_reduce', ('X',)), ('all_reduce', ('X',))]
+    """
     step = SchemeStep(ready, mesh, x, dout, residual=residual, recompute=recompute)
     stepped = run_step(step)
     return step.result(stepped, plan, model)

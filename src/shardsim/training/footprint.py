@@ -44,6 +44,7 @@ from ..models import TransformerConfig
 from ..models import get as get_model
 from . import policies
 from .precision import Precision
+from .traced import trained_step
 
 if TYPE_CHECKING:
     from ..plans import Plan
@@ -72,7 +73,6 @@ def model_memory(
     (:mod:`shardsim.training.policies`), which also names the optimizer. ``full`` traces
     every layer even of a deep model.
     """
-    from ..cost.builder import trained_step
     from ..plans import Plan
 
     cfg = get_model(cfg) if isinstance(cfg, str) else cfg

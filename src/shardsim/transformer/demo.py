@@ -22,8 +22,9 @@ from ..tracing import Trace, phase, trace
 from . import context_parallel
 from .blocks import layer_backward, layer_forward
 from .embedding import embed_forward
+from .placement import place_tokens, place_value
 from .roles import Roles
-from .run import _place, _tokens, run_model
+from .run import run_model
 from .step import Step
 
 RULE = "=" * 96
@@ -41,7 +42,7 @@ def walk(model: str | TransformerConfig, plan: str | Plan) -> str:
     tokens, targets = rng.integers(0, cfg.vocab, (b, cfg.seq)), rng.integers(0, cfg.vocab, (b, cfg.seq))
     seed = 0 if cfg.dropout else None
     dtype = np.dtype("float64")
-    weights = {k: _place(mesh, v, roles.weight_layout(k), k, dtype, "params") for k, v in params.items()}
+    weights = {k: place_value(mesh, v, roles.weight_layout(k), k, dtype, "params") for k, v in params.items()}
     walked, order, pos = tokens, None, None
     if roles.context is not None:  # the sequence in its context-parallel order, as run_model puts it
         order = context_parallel.order(cfg.seq, plan.cp, balanced=plan.cp_balanced)
@@ -58,7 +59,7 @@ def walk(model: str | TransformerConfig, plan: str | Plan) -> str:
             out.append(f"  {k:<26} {w.layout!s:<24} {w.local_shape}")
     with trace() as t:
         with phase("forward"):
-            x = embed_forward(step, _tokens(mesh, roles, walked, "tokens"))
+            x = embed_forward(step, place_tokens(mesh, roles, walked, "tokens"))
             start = len(t.events)
             y, saved = layer_forward(step, 0, x)
             fwd = t.events[start:]

@@ -35,12 +35,15 @@ from ..pieces import split
 from ..plans import Plan
 from ..strategies.pipeline.execute import Pipeline, Values
 from ..strategies.pipeline.schedule import make
+from ..strategies.result import RunResult, StepMemory
 from ..tracing import layer, phase, trace
 from . import checks, context_parallel
 from .blocks import layer_backward, layer_forward
 from .embedding import embed_backward, embed_forward, head_backward, head_forward, loss_value
+from .gradients import Gradients
+from .placement import compute_dtype, place_tokens, place_weights
+from .result import model_result
 from .roles import Roles
-from .run import ModelResult, _compute_dtype, _Gradients, _tokens, place_weights
 from .step import Step
 
 
@@ -58,7 +61,7 @@ class _ModelStage:
         steps: list[Step],
         tokens: list[ShardedArray],
         targets: list[ShardedArray],
-        grads: _Gradients,
+        grads: Gradients,
         dtype: np.dtype,
         n_tokens: int,
     ) -> None:
@@ -124,7 +127,7 @@ def run_pipelined(
     targets: Any,
     *,
     dropout_seed: int | None = None,
-) -> ModelResult:
+) -> RunResult:
     """One step of ``cfg`` under a plan with ``pp > 1``; see the module docstring."""
     b, s = checks.check_tokens(cfg, plan, tokens, targets)
     checks.check_model(cfg, plan, s)
@@ -133,17 +136,17 @@ def run_pipelined(
     assert pipe is not None
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
     roles = Roles.of(plan, cfg.n_kv)
-    dtype = _compute_dtype(plan, params)
+    dtype = compute_dtype(plan, params)
     weights = place_weights(cfg, plan, mesh, params, dtype)
     rows_, pos = None, None
     if roles.context is not None:  # the sequence in its context-parallel order, up front, as run_model does
         rows_ = context_parallel.order(s, plan.cp, balanced=plan.cp_balanced)
         tokens, targets = context_parallel.permuted(tokens, rows_), context_parallel.permuted(targets, rows_)
         pos = context_parallel.positions(mesh, roles, rows_)
-    tok, tgt = _tokens(mesh, roles, tokens, "tokens"), _tokens(mesh, roles, targets, "targets")
+    tok, tgt = place_tokens(mesh, roles, tokens, "tokens"), place_tokens(mesh, roles, targets, "targets")
     schedule = make(plan.schedule, p, m, v)
     steps = [Step(cfg, roles, weights, dropout_seed, micro=(j, m), rows=rows_, positions=pos) for j in range(m)]
-    grads = _Gradients(Step(cfg, roles, weights, dropout_seed, rows=rows_, positions=pos), s, accumulate=True)
+    grads = Gradients(Step(cfg, roles, weights, dropout_seed, rows=rows_, positions=pos), s, accumulate=True)
     stage = _ModelStage(steps, split(tok, "B", m), split(tgt, "B", m), grads, dtype, b * s)
     # what a stage keeps stays an activation; events name their item, which the cost model reads,
     # and count in the step's one trace (a failed chip's trace event is the step's)
@@ -153,17 +156,15 @@ def run_pipelined(
     mesh.memory.reset_peak()
     with trace() as t:
         pipeline.run(stage)
-    ordered = {key: grads.done[key] for key in params}
-    loss = None if tok.is_shape_only else float(np.mean(stage.losses))
-    global_grads = None if tok.is_shape_only else {key: g.to_global() for key, g in ordered.items()}
     zeros = np.zeros(mesh.shape, np.int64)
-    return ModelResult(
-        loss=loss,
-        grads=global_grads,
-        sharded_grads=ordered,
+    return model_result(
+        cfg,
+        plan,
+        mesh,
+        loss=None if tok.is_shape_only else float(np.mean(stage.losses)),
+        sharded_grads={key: grads.done[key] for key in params},
         trace=t,
-        memory=mesh.memory,
+        memory=StepMemory.since(mesh.memory),  # the weights were placed after the peak's reset: as on a fresh mesh
         stored=[pipeline.stored.get(i, zeros) for i in range(cfg.layers)],
         stored_values=[pipeline.stored_values.get(i, {}) for i in range(cfg.layers)],
-        peak=mesh.memory.peak(),
     )

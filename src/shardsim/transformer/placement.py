@@ -14,11 +14,13 @@ from typing import Any
 import numpy as np
 
 from ..array import ShapeDtype, ShardedArray, shard
+from ..dtypes import PRECISION_DTYPES, resolve_dtype
 from ..errors import ShardingError
 from ..layout import Layout
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..plans import Plan
+from .local import dim
 from .roles import Roles
 
 
@@ -88,3 +90,27 @@ def place_weights(
         out[key] = whole if pipe is None else place(whole, label=key, **{pipe: stage_of(cfg, plan, key)})
         del whole  # the stage's copy is the only one
     return out
+
+
+def compute_dtype(plan: Plan, params: Mapping[str, Any]) -> np.dtype:
+    """The dtype a step computes in: the plan's precision's, else the weights' own.
+
+    >>> compute_dtype(Plan(precision="bf16"), {}).name, compute_dtype(Plan(), {"w": np.ones(2)}).name
+    ('bfloat16', 'float64')
+    """
+    if plan.precision is not None:  # the plan checked its name: a precision's compute dtype
+        return resolve_dtype(PRECISION_DTYPES[plan.precision][0])
+    first = next(iter(params.values()))
+    return np.dtype(first.dtype)
+
+
+def place_tokens(mesh: Mesh, roles: Roles, value: Any, label: str) -> ShardedArray:
+    """Token ids ``[B, S]`` split over the batch axes and the context axis, in their own dtype.
+
+    >>> from shardsim import Mesh
+    >>> place_tokens(Mesh(data=2), Roles.of(Plan(dp=2), 1), np.zeros((4, 3), int), "tokens").layout
+    Layout('[B_{data}, S]')
+    """
+    dt = value.dtype if isinstance(value, ShapeDtype) else np.asarray(value).dtype
+    layout = f"[{dim('B', *roles.batch)}, {dim('S', roles.context)}]"
+    return place_value(mesh, value, layout, label, np.dtype(dt), "activations")

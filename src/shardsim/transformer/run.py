@@ -26,10 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
-from ..array import ShapeDtype, ShardedArray
-from ..collectives import all_reduce, reduce_scatter
+from ..array import ShardedArray
 from ..errors import ArgumentTypeError
 from ..mesh import Mesh
 from ..models import TransformerConfig
@@ -39,82 +36,16 @@ from ..plans import Plan
 from ..strategies.result import RunResult
 from ..strategies.stack import Stepped, run_step
 from ..tracing import layer, phase
-from ..training.precision import Precision
 from . import checks, context_parallel
 from .blocks import layer_backward, layer_forward
 from .embedding import embed_backward, embed_forward, head_backward, head_forward, loss_value
-from .local import dim, rows
-from .placement import place_value as _place
-from .placement import place_weights
+from .gradients import Gradients
+from .placement import compute_dtype, place_tokens, place_weights
+from .result import model_result
 from .roles import Roles
 from .step import Step
 
 ModelResult = RunResult  # the transformer's name for the one result of a step
-
-
-def _compute_dtype(plan: Plan, params: Mapping[str, Any]) -> np.dtype:
-    if plan.precision is not None:
-        return Precision.of(plan.precision).compute
-    first = next(iter(params.values()))
-    return np.dtype(first.dtype)
-
-
-def _tokens(mesh: Mesh, roles: Roles, value: Any, label: str) -> ShardedArray:
-    dt = value.dtype if isinstance(value, ShapeDtype) else np.asarray(value).dtype
-    layout = f"[{dim('B', *roles.batch)}, {dim('S', roles.context)}]"
-    return _place(mesh, value, layout, label, np.dtype(dt), "activations")
-
-
-class _Gradients:
-    """Each weight's gradient reduced over the data axis as soon as it is complete (as DDP buckets
-    and FSDP do): AllReduce for ZeRO-0/1, ReduceScatter to the weight's shard for ZeRO-2/3."""
-
-    def __init__(self, step: Step, seq: int, *, accumulate: bool = False) -> None:
-        self.step, self.seq, self.done = step, seq, {}  # type: ignore[var-annotated]
-        self.pending: dict[str, ShardedArray] = {}
-        self.accumulate = accumulate  # pipelines: sum over microbatches, reduce once after the flush
-
-    def add(self, grads: dict[str, ShardedArray]) -> None:
-        for key, g in grads.items():
-            g.as_category("temporaries")  # unreduced: a buffer for the reduction, until finish() holds the result
-            if self.accumulate:
-                self.pending[key] = self.pending[key] + g if key in self.pending else g
-                continue
-            if key == "embed.T":  # the tied LM head's gradient: embed's, added once the embedding's is known
-                self.pending["embed"] = g.T
-            elif key == "embed" and key in self.pending:
-                self.finish(key, self.pending.pop(key) + g)
-            else:
-                self.finish(key, g)
-
-    def flush(self) -> None:
-        """Reduce every accumulated gradient (a pipeline's, after its last microbatch)."""
-        for key in list(self.pending):
-            self.finish(key, self.pending.pop(key))
-
-    def finish(self, key: str, g: ShardedArray) -> None:
-        with layer(int(key.split(".")[1]) if key.startswith("layers.") else -1):  # a layer's weight: its layer's work
-            self._reduce(key, g)
-
-    def _reduce(self, key: str, g: ShardedArray) -> None:
-        g = self._reduced(key, g)
-        if key == "pos_embed" and self.seq < self.step.cfg.seq:
-            g = rows(g, self.seq, total=self.step.cfg.seq)  # positions past the sequence get no gradient
-        self.done[key] = g.named(f"d{key}").as_category("grads")
-
-    def _reduced(self, key: str, g: ShardedArray) -> ShardedArray:
-        """``g`` summed over the context and data axes its partial sum spans (ZeRO-2/3: scattered over data)."""
-        r = self.step.roles
-        if r.context is not None and r.context in g.layout.partial:  # a sum over the context block's tokens
-            if r.data is not None and r.zero < 2:  # one AllReduce over the data x context group, as Megatron
-                return all_reduce(g, (r.data, r.context), label=f"d{key}")
-            g = all_reduce(g, r.context, label=f"d{key}")
-        over = tuple(a for a in r.batch if a in g.layout.partial)  # the experts' own reduced theirs already
-        if not over:
-            return g
-        if r.zero < 2:
-            return all_reduce(g, over, label=f"d{key}")
-        return reduce_scatter(g, over, r.shard_dim(key), label=f"d{key}")
 
 
 class _ModelStep:
@@ -125,7 +56,7 @@ class _ModelStep:
 
     def __init__(self, cfg: TransformerConfig, plan: Plan, mesh: Mesh, params: Mapping[str, Any], seq: int) -> None:
         self.cfg, self.plan, self.mesh, self.params, self.seq, self.depth = cfg, plan, mesh, params, seq, cfg.layers
-        self.roles, self.dtype = Roles.of(plan, cfg.n_kv), _compute_dtype(plan, params)
+        self.roles, self.dtype = Roles.of(plan, cfg.n_kv), compute_dtype(plan, params)
         self.loss: float | None = None
         self.held: dict[str, ShardedArray] = {}
 
@@ -141,9 +72,9 @@ class _ModelStep:
             rows_ = context_parallel.order(s, plan.cp, balanced=plan.cp_balanced)
             tokens, targets = context_parallel.permuted(tokens, rows_), context_parallel.permuted(targets, rows_)
             pos = context_parallel.positions(mesh, roles, rows_)
-        self.tok, self.tgt = _tokens(mesh, roles, tokens, "tokens"), _tokens(mesh, roles, targets, "targets")
+        self.tok, self.tgt = place_tokens(mesh, roles, tokens, "tokens"), place_tokens(mesh, roles, targets, "targets")
         self.step = Step(cfg, roles, weights, self.dropout_seed, rows=rows_, positions=pos)
-        self.grads = _Gradients(self.step, s)
+        self.grads = Gradients(self.step, s)
 
     def start(self) -> ShardedArray:
         return embed_forward(self.step, self.tok)
@@ -182,23 +113,16 @@ class _ModelStep:
         self.grads.add(embed_backward(self.step, self.tok, dx))
 
     def result(self, stepped: Stepped) -> ModelResult:
-        ordered = {k: self.grads.done[k] for k in self.params}
-        shape_only = self.tok.is_shape_only
-        return ModelResult(
-            self.loss,
-            None if shape_only else {k: v.to_global() for k, v in ordered.items()},
-            ordered,
-            stepped.trace,
-            stepped.memory,
-            stepped.stored,
-            stepped.stored_values,
-            self.mesh.memory.peak(),
-            activations={f"{k}.{i}": n for i, values in enumerate(stepped.stored_values) for k, n in values.items()},
-            layouts={f"d{k}": str(v.layout) for k, v in ordered.items()},
-            axes={r: a for r, a in self.plan.axes().items() if self.plan.degree(r) > 1},
-            model=self.cfg,
-            plan=self.plan,
-            mesh=self.mesh,
+        return model_result(
+            self.cfg,
+            self.plan,
+            self.mesh,
+            loss=self.loss,
+            sharded_grads={k: self.grads.done[k] for k in self.params},
+            trace=stepped.trace,
+            memory=stepped.memory,
+            stored=stepped.stored,
+            stored_values=stepped.stored_values,
         )
 
 

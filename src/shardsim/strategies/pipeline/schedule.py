@@ -239,7 +239,7 @@ def _clock(orders: Sequence[Sequence[Item]], virtual: int, duration: Callable[[I
         for s in range(p):
             while nxt[s] < len(orders[s]):
                 it = orders[s][nxt[s]]
-                need = _needs(it, p, virtual)
+                need = needs(it, p, virtual)
                 if need is not None and need not in done:
                     break
                 start = max(free[s], done[need] if need is not None else 0.0)
@@ -255,8 +255,13 @@ def _clock(orders: Sequence[Sequence[Item]], virtual: int, duration: Callable[[I
     return timed
 
 
-def _needs(it: Item, p: int, virtual: int) -> Key | None:
-    """The item ``it`` waits for: the previous stage's F, or the next stage's B."""
+def needs(it: Item, p: int, virtual: int) -> Key | None:
+    """The item ``it`` waits for: the previous stage's F, or the next stage's B (a stage's first
+    backward, of the last chunk, waits for its own forward).
+
+    >>> needs(Item(0, 1, "F", 0), 2, 2), needs(Item(0, 1, "B", 0), 2, 2)
+    ((0, 'F', 0, 0), (1, 'F', 0, 0))
+    """
     k = it.chunk * p + it.stage
     if it.kind == "F":
         if k == 0:
