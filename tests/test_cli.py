@@ -220,7 +220,7 @@ def extra_schemes():
         strategies.register(s)
     yield added
     for s in added:
-        strategies._REGISTRY.pop(s.name, None)
+        strategies.registry._REGISTRY.pop(s.name, None)
 
 
 def test_demo_runs_a_registered_scheme_with_its_own_role(capsys, extra_schemes) -> None:

@@ -16,7 +16,7 @@ from shardsim import cli, mlp, strategies
 def page(tmp_path, monkeypatch, capsys):
     """The page's blocks run in a scratch folder; the scheme they register leaves with the test."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(strategies, "_REGISTRY", dict(strategies._REGISTRY))
+    monkeypatch.setattr(strategies.registry, "_REGISTRY", dict(strategies.registry._REGISTRY))
     namespace = run_blocks("own-scheme.md")
     return namespace, tmp_path, capsys.readouterr().out
 

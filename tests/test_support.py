@@ -99,7 +99,7 @@ def test_a_scheme_with_wrong_gradients_is_caught(monkeypatch: pytest.MonkeyPatch
         dx, grads = ddp.backward(ctx, saved, dout, params)
         return dx, {**grads, "w_in": grads["w_in"] * 2.0}
 
-    monkeypatch.setitem(strategies._REGISTRY, "ddp", dataclasses.replace(ddp, backward=backward))
+    monkeypatch.setitem(strategies.registry._REGISTRY, "ddp", dataclasses.replace(ddp, backward=backward))
     row = {c.column: c for c in support.scheme_row("ddp")}
     assert not row["exact run"].works and "differs from the single-device reference" in row["exact run"].note
     assert not row["Trainer step"].works

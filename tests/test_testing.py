@@ -139,7 +139,7 @@ def test_hypothesis_is_imported_only_when_a_strategy_is_used() -> None:
 
 
 def test_a_registered_scheme_is_repeated_by_its_name(monkeypatch) -> None:
-    monkeypatch.setattr(strategies, "_REGISTRY", dict(strategies._REGISTRY))
+    monkeypatch.setattr(strategies.registry, "_REGISTRY", dict(strategies.registry._REGISTRY))
     strategies.register(BROKEN)
     with pytest.raises(AssertionError, match=r"repeat it: shardsim\.cli\.run_demo\('ddp_broken', batch="):
         check_scheme("ddp_broken", examples=1)

@@ -47,11 +47,11 @@ import numpy as np
 
 from shardsim import checkpoint, strategies
 from shardsim.array import ShapeDtype
+from shardsim.cli.demo_run import mesh_for
 from shardsim.errors import ShardsimError
 from shardsim.mesh import Mesh
 from shardsim.models import TransformerConfig, get, reference
 from shardsim.plans import Plan
-from shardsim.strategies.demo import mesh_for
 from shardsim.tracing import Trace
 
 COLUMNS = ("exact run", "Trainer step", "shape-only trace", "estimate", "critical batch", "checkpoint", "CLI")

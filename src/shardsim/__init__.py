@@ -90,6 +90,7 @@ _MOVED: dict[str, str] = {
     "shardsim.pipeline": "shardsim.strategies.pipeline",
     "shardsim.context": "shardsim.strategies.context",
     "shardsim.cost.calibration": "shardsim.calibration",
+    "shardsim.strategies.demo": "shardsim.cli.demo_run",
 }
 
 

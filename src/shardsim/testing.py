@@ -31,8 +31,8 @@ from .mesh import Mesh
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
+    from .cli.demo_run import DemoRun
     from .strategies import Scheme
-    from .strategies.demo import DemoRun
 
 AXIS_NAMES = (("X", "Y", "Z", "W"), ("data", "model", "pipe", "expert"))  # short, and brace-printed long
 DIM_NAMES = ("B", "D", "F", "L")
@@ -73,7 +73,7 @@ def check_scheme(
     [('Mesh(Z=4)', (16, 8), True), ('Mesh(Z=2)', (12, 6), True)]
     """
     from . import strategies
-    from .strategies.demo import default_mesh, run_demo
+    from .cli.demo_run import default_mesh, run_demo
 
     the_scheme = scheme if isinstance(scheme, strategies.Scheme) else strategies.get(scheme)
     _, roles = default_mesh(the_scheme)  # role -> axis name, as the demo names them

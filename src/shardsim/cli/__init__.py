@@ -7,7 +7,7 @@ or family of commands (:mod:`~shardsim.cli.demo` with :mod:`~shardsim.cli.demo_t
 :mod:`~shardsim.cli.schemes`, :mod:`~shardsim.cli.train`, :mod:`~shardsim.cli.estimate` for
 ``estimate``, ``sweep`` and ``critical``, :mod:`~shardsim.cli.plan`), and
 :mod:`~shardsim.cli.entry`, which registers them in order. What the commands run is library
-code below them: a demo is :mod:`shardsim.strategies.demo`.
+code below them: a demo is :mod:`shardsim.cli.demo_run`.
 
 Each subcommand is one function registered with :func:`subcommand`; its ``configure``
 function adds its options to its own parser. A new subcommand is one more decorated
@@ -34,8 +34,8 @@ ddp on Mesh(X=2): PASS
 
 from __future__ import annotations
 
-from ..strategies.demo import DemoRun, demo_mesh, grad_name, run_demo
 from .args import LIMITS, count, key_values, mesh_sizes, mesh_type, positive_int, seed
+from .demo_run import DemoRun, demo_mesh, grad_name, run_demo
 from .demo_text import step_rows
 from .entry import main
 from .framework import COMMANDS, Subcommand, UsageError, build_parser, commands, subcommand

@@ -1,7 +1,7 @@
 """``shardsim demo``: the seed's toy MLP run through the schemes, each checked against its reference.
 
 Each scheme runs on its own small mesh (one axis of 2 chips per role, or ``--mesh``) through
-:func:`~shardsim.strategies.demo.run_demo`; the command prints its layouts, steps, bytes,
+:func:`~shardsim.cli.demo_run.run_demo`; the command prints its layouts, steps, bytes,
 memory and the check (:mod:`shardsim.cli.demo_text`), one PASS/FAIL line per scheme with
 ``--quiet``, or the numbers with ``--json``/``--csv``. ``--model`` walks one block of a small
 transformer preset through ``--plan`` instead (:mod:`shardsim.transformer.demo`).
@@ -22,8 +22,8 @@ from typing import Any
 from .. import strategies
 from ..dtypes import resolve_dtype
 from ..errors import CommandLineError, MeshAxisError
-from ..strategies.demo import SEED_SIZES, DemoRun, run_demo
 from .args import LIMITS, count, key_values, mesh_type, seed
+from .demo_run import SEED_SIZES, DemoRun, run_demo
 from .demo_text import render, summary_table
 from .framework import subcommand
 from .output import (

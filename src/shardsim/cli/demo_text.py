@@ -1,6 +1,6 @@
 """The text ``shardsim demo`` prints: each scheme's layouts, steps, memory and check, then a summary.
 
->>> from shardsim.strategies.demo import run_demo
+>>> from shardsim.cli.demo_run import run_demo
 >>> print(summary_table([run_demo("ddp")]))  # doctest: +ELLIPSIS
 scheme  mesh       fwd sent/chip  bwd sent/chip  peak/chip  check
 ddp     Mesh(X=2)  ... PASS
@@ -15,8 +15,8 @@ from .._format import fmt_bytes, table_text
 from ..array import shard
 from ..pictures import chip_lines, step_labels
 from ..strategies import StrategyResult
-from ..strategies.demo import DemoRun
 from ..tracing import Event
+from .demo_run import DemoRun
 from .output import WIDTH
 
 _OP_NAMES = {
@@ -32,7 +32,7 @@ def step_rows(events: Sequence[Event]) -> list[tuple[str, ...]]:
     """One table row per event: number, step, axis, array, layout after, bytes sent and FLOPs per
     chip; an unnamed value is named after the step that made it (:func:`~shardsim.pictures.step_labels`).
 
-    >>> from shardsim.strategies.demo import run_demo
+    >>> from shardsim.cli.demo_run import run_demo
     >>> step_rows(run_demo("ddp").result.trace.events)[0]
     ('#', 'step', 'axis', 'array', 'layout after', 'sent/chip', 'FLOPs/chip')
     """
@@ -65,7 +65,7 @@ def indent(text: str, by: str = "  ") -> str:
 def memory_rows(result: StrategyResult) -> list[tuple[str, ...]]:
     """Per chip: peak bytes of each category during the run (chips alike are merged into one row).
 
-    >>> from shardsim.strategies.demo import run_demo
+    >>> from shardsim.cli.demo_run import run_demo
     >>> [row[0] for row in memory_rows(run_demo("ddp").result)]
     ['chip', 'each of 2']
     """
@@ -86,7 +86,7 @@ def memory_rows(result: StrategyResult) -> list[tuple[str, ...]]:
 def render(run: DemoRun, *, dtype: str, activation: str) -> str:
     """The text ``shardsim demo`` prints for one scheme.
 
-    >>> from shardsim.strategies.demo import run_demo
+    >>> from shardsim.cli.demo_run import run_demo
     >>> print(render(run_demo("ddp"), dtype="float32", activation="identity"))  # doctest: +ELLIPSIS
     ====...
     ddp on Mesh(X=2)  (data=X)
@@ -145,7 +145,7 @@ def render(run: DemoRun, *, dtype: str, activation: str) -> str:
 def summary_table(runs: Sequence[DemoRun]) -> str:
     """One row per scheme: mesh, bytes sent per chip forward and backward, peak per chip, check.
 
-    >>> from shardsim.strategies.demo import run_demo
+    >>> from shardsim.cli.demo_run import run_demo
     >>> summary_table([run_demo("tp")]).splitlines()[1].split()[:2]
     ['tp', 'Mesh(Y=2)']
     """

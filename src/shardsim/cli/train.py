@@ -13,7 +13,7 @@ converges for the default sizes and well above them.
 
 :func:`add_train_arguments` configures an ``argparse`` parser; :func:`train_command` runs it
 and returns the exit code (0 when every scheme matched the single-device losses and they
-fell, 1 if not); each scheme's mesh is :func:`~shardsim.strategies.demo.mesh_for`'s.
+fell, 1 if not); each scheme's mesh is :func:`~shardsim.cli.demo_run.mesh_for`'s.
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser()
@@ -41,11 +41,11 @@ from ..errors import ShardsimError
 from ..host import check_host_memory
 from ..mesh import Mesh
 from ..models import reference_mlp as mlp
-from ..strategies.demo import mesh_for
 from ..training import optim
 from ..training.precision import Precision, precision_dtype
 from ..training.trainer import StepResult, Trainer
 from .args import count, positive_float, seed
+from .demo_run import mesh_for
 from .framework import subcommand
 from .output import (
     add_chrome_trace_option,

@@ -12,10 +12,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .critical import critical_batch
-from .estimator import Estimate, sweep
 from .gantt import pyplot
 from .hardware import Hardware
 from .presets import get_hardware
+from .step_estimate import Estimate
+from .sweeps import sweep
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

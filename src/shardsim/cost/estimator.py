@@ -61,7 +61,6 @@ from .hardware import Hardware
 from .placement import AxisLink
 from .program_estimate import estimate_program
 from .step_estimate import Estimate
-from .sweeps import sweep
 
 
 def estimate(
@@ -193,4 +192,4 @@ def is_model(first: object) -> bool:
     return isinstance(first, TransformerConfig) or (isinstance(first, str) and first in names())
 
 
-__all__ = ["Estimate", "comm_excess", "estimate", "estimate_program", "excess_terms", "is_model", "sweep"]
+__all__ = ["Estimate", "comm_excess", "estimate", "estimate_program", "excess_terms", "is_model"]

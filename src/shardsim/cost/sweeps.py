@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .critical import best_split, scheme_mesh
 from .efficiency import Efficiency
+from .estimator import estimate
 from .hardware import Hardware
 from .presets import get_hardware
 from .step_estimate import Estimate
@@ -40,9 +42,6 @@ def sweep(
     >>> [e.scheme for e in sweep(["fsdp"], "h100", [1024], 8192, 32768, chips=8)]
     ['fsdp']
     """
-    from .critical import best_split, scheme_mesh
-    from .estimator import estimate  # the one entry, which imports this module
-
     hw = get_hardware(hardware)
     opts: dict[str, Any] = {"layers": layers, "overlap": overlap, "dtype": dtype, "topology": topology}
     eff = efficiency

@@ -10,40 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ConfigError, PlanError, ShardingError
+from ..errors import ConfigError, PlanError
 from ..mesh import Mesh
-from . import ddp, ep, fsdp, fsdp_tp, pp, tp, tp_sp, zero
 from .base import Ctx, Scheme, shape_of
+from .registry import get, names, register
 from .result import RunResult, StepMemory
 from .runner import StrategyResult, prepare, run, run_prepared
-
-_REGISTRY: dict[str, Scheme] = {m.SCHEME.name: m.SCHEME for m in (ddp, fsdp, tp, fsdp_tp)}
-
-
-def names() -> list[str]:
-    """The registered schemes, in the seed's order."""
-    return list(_REGISTRY)
-
-
-def get(name: str) -> Scheme:
-    """The scheme called ``name``."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ShardingError(f"unknown scheme {name!r}; choose one of {names()}") from None
-
-
-def register(scheme: Scheme) -> Scheme:
-    """Add a scheme to the registry (it then runs through :func:`run_strategy` and the CLI)."""
-    _REGISTRY[scheme.name] = scheme
-    return scheme
-
-
-for _zero in zero.SCHEMES:  # ZeRO stages 1 and 2 next to ddp (stage 0); zero3 is fsdp
-    register(_zero)
-
-for _scheme in (*tp_sp.SCHEMES, *pp.SCHEMES, *ep.SCHEMES):  # sequence, pipeline, expert parallelism
-    register(_scheme)
 
 
 def run_strategy(
@@ -107,7 +79,7 @@ def _plan_and_model(
     return plan, model
 
 
-from .plans import (  # noqa: E402  (reads the registry)
+from .plans import (  # noqa: E402  (plans and the runner's spelling, in the order they read)
     SETTINGS,
     axes_of,
     init_of,

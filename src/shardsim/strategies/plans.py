@@ -21,7 +21,7 @@ Plan.parse('dp=2,zero=3,tp=4,data_axis=X,model_axis=Y')
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -31,12 +31,11 @@ from ..errors import ArgumentTypeError, ConfigError, PlanError
 from ..layout import Layout
 from ..mesh import Mesh
 from ..models.mlp import MLP
-from .base import ROLE_DEFAULTS, Ctx, Scheme, shape_of
+from ..plans import DEGREE, ROLES, Plan
+from .base import ROLE_DEFAULTS, Ctx, shape_of
+from .registry import get
 from .result import RunResult
 from .runner import resolve_axes, run, stack_depth, weight_names
-
-if TYPE_CHECKING:
-    from ..plans import Plan
 
 # What each scheme sets on a plan besides its degrees (one per role, read off the mesh).
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -61,12 +60,6 @@ _AXES = list(dict.fromkeys(ROLE_DEFAULTS.values()))  # the axes the layouts of t
 CHUNKS = 2  # pp_interleaved's model chunks per stage unless told (its init's default)
 
 
-def _scheme(name: str) -> Scheme:
-    from . import get  # the registry's package imports this module's neighbours, not this one
-
-    return get(name)
-
-
 def plan_of(name: str, mesh: Mesh, axes: Mapping[str, str] | None = None, **options: Any) -> Plan:
     """The plan scheme ``name`` runs on ``mesh``: one degree per role, read off its axis.
 
@@ -78,9 +71,7 @@ def plan_of(name: str, mesh: Mesh, axes: Mapping[str, str] | None = None, **opti
     >>> plan_of("pp", Mesh(Z=4), microbatches=8)
     Plan.parse('pp=4,microbatches=8,pipe_axis=Z')
     """
-    from ..plans import DEGREE, Plan  # the plan module reads the training package, which reads this one
-
-    scheme = _scheme(name)
+    scheme = get(name)
     if name not in SETTINGS:
         raise PlanError(f"{name} is a scheme of its own, not a plan on the MLP; the plans are of {list(SETTINGS)}")
     chosen = resolve_axes(scheme, mesh, axes)
@@ -161,7 +152,7 @@ def axes_of(plan: Plan, name: str) -> dict[str, str]:
     >>> axes_of(Plan(dp=2, pp=2), "dp_pp")
     {'data': 'data', 'pipe': 'pipe'}
     """
-    return {role: plan.axes()[role] for role in _scheme(name).roles}
+    return {role: plan.axes()[role] for role in get(name).roles}
 
 
 def options_of(plan: Plan, name: str) -> dict[str, Any]:
@@ -172,7 +163,7 @@ def options_of(plan: Plan, name: str) -> dict[str, Any]:
     >>> options_of(Plan(pp=2, microbatches=4, schedule="gpipe"), "pp"), options_of(Plan(pp=2), "pp")
     ({'schedule': 'gpipe', 'microbatches': 4}, {'schedule': '1f1b'})
     """
-    if "microbatches" not in _scheme(name).options:
+    if "microbatches" not in get(name).options:
         return {}
     out: dict[str, Any] = {"schedule": plan.schedule}
     if plan.microbatches != 1:
@@ -189,7 +180,7 @@ def mlp_for(
     >>> mlp_for("ep", Mesh(Y=8), 1024, 4096).experts, mlp_for("dp_ep", Mesh(X=2, Y=2), 8, 16).experts
     (8, 4)
     """
-    scheme = _scheme(name)
+    scheme = get(name)
     lay = scheme.layouts(Ctx(axes=dict(ROLE_DEFAULTS)))
     experts = 0
     if "router" in lay:
@@ -210,7 +201,7 @@ def min_layers(name: str, mesh: Mesh, axes: Mapping[str, str] | None = None) -> 
     >>> min_layers("dp_pp", Mesh(X=2, Z=4)), min_layers("pp_interleaved", Mesh(Z=2)), min_layers("tp", Mesh(Y=4))
     (4, 4, 1)
     """
-    scheme = _scheme(name)
+    scheme = get(name)
     if "pipe" not in scheme.roles:
         return 1
     stages = mesh.axis_size(resolve_axes(scheme, mesh, axes)["pipe"])
@@ -230,7 +221,7 @@ def weights_of(name: str, model: MLP, dtype: Any = "float32") -> dict[str, Shape
     >>> weights_of("pp_interleaved", MLP(8, 16, layers=4))["w_in"].shape
     (2, 2, 8, 16)
     """
-    scheme = _scheme(name)
+    scheme = get(name)
     lay = scheme.layouts(Ctx(axes=dict(ROLE_DEFAULTS)))
     sizes = dict(model.sizes)
     if (model.experts > 0) != ("router" in lay):
@@ -262,7 +253,7 @@ def init_of(name: str, model: MLP, seed: int = 0, dtype: Any = "float32") -> dic
     >>> {k: v.shape for k, v in init_of("tp_ln", MLP(4, 8, layers=3, norm=True)).items()}
     {'gamma': (3, 4), 'beta': (3, 4), 'w_in': (3, 4, 8), 'w_out': (3, 8, 4)}
     """
-    scheme = _scheme(name)
+    scheme = get(name)
     shapes = weights_of(name, model, dtype)
     extra: dict[str, Any] = {}
     if "router" in shapes:
@@ -299,7 +290,7 @@ def reference_of(
     >>> out.shape, g["gamma"].shape
     ((2, 4), (2, 4))
     """
-    scheme = _scheme(name)
+    scheme = get(name)
     lay = scheme.layouts(Ctx(axes=dict(ROLE_DEFAULTS)))
     keys = [k for k in lay if k not in ("x", "out")]
     depth = stack_depth(params, {k: Layout.parse(lay[k], _AXES).rank for k in keys})
@@ -329,7 +320,7 @@ def mlp_of(name: str, params: Mapping[str, Any], activation: str = "identity") -
     >>> mlp_of("pp_interleaved", init_of("pp_interleaved", MLP(4, 8, layers=4))).layers
     4
     """
-    scheme = _scheme(name)
+    scheme = get(name)
     lay = scheme.layouts(Ctx(axes=dict(ROLE_DEFAULTS)))
     keys = weight_names(scheme, lay, params)
     parsed = {k: Layout.parse(lay[k], _AXES) for k in keys}
@@ -374,8 +365,6 @@ def run_mlp(
     >>> r.scheme, r.loss, r.grads["w_in"].shape
     ('zero2', None, (2, 4, 8))
     """
-    from ..plans import DEGREE, ROLES, Plan
-
     if isinstance(plan, str):
         plan = Plan.parse(plan)
     if not isinstance(plan, Plan):
@@ -385,7 +374,7 @@ def run_mlp(
         )
     require_mesh(mesh, "mesh", "run_model")
     name = scheme_of(plan, model) if scheme is None else scheme
-    strategy = _scheme(name)
+    strategy = get(name)
     if name not in SETTINGS:
         raise PlanError(f"{name} is a scheme of its own, not a plan on the MLP; the plans are of {list(SETTINGS)}")
     for role in ROLES:

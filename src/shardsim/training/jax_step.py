@@ -46,7 +46,7 @@ from .state import place
 from .update import state_slice
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from .held import TrainerState
 
 SUPPORTED = ("ddp", "fsdp", "tp", "fsdp_tp", "zero1", "zero2", "zero3")
 
@@ -54,7 +54,7 @@ SUPPORTED = ("ddp", "fsdp", "tp", "fsdp_tp", "zero1", "zero2", "zero3")
 class JaxStep:
     """The jitted step of one :class:`~shardsim.training.Trainer` (built on its first call)."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: TrainerState) -> None:
         from ..engines.jax.placement import meshes  # the engine's errors if JAX is missing or too small
 
         name = trainer.scheme.name
@@ -273,7 +273,7 @@ def _local(v: ShardedArray) -> Any:
     return v.compact().reshape(v.local_shape)
 
 
-def _check_alive(t: Trainer) -> None:
+def _check_alive(t: TrainerState) -> None:
     """Raise ChipFailureError, as the NumPy trainer's first collective does, if a chip of the mesh has failed.
 
     Every supported step runs collectives in which every chip takes part (SPMD), so one failed

@@ -49,8 +49,8 @@ from .scaling import found_inf
 from .update import Undo, undo_entries, update_weight
 
 if TYPE_CHECKING:
+    from .held import TrainerState
     from .precision import Precision
-    from .trainer import Trainer
 
 
 class MLPStep:
@@ -68,12 +68,12 @@ class MLPStep:
     1
     """
 
-    def check(self, t: Trainer, x: Any, target: Any) -> None:
+    def check(self, t: TrainerState, x: Any, target: Any) -> None:
         """The scheme's own check of the inputs' shapes against the weights', before anything runs."""
         if t.scheme.check_shapes is not None:
             t.scheme.check_shapes(t.block_shapes[0], x, target)
 
-    def __call__(self, t: Trainer, x: Any, target: Any, undo: list[Undo]) -> StepResult:
+    def __call__(self, t: TrainerState, x: Any, target: Any, undo: list[Undo]) -> StepResult:
         scheme, ctx, mesh, prec = t.scheme, t.ctx, t.mesh, t.precision
         ledger = mesh.memory
         ledger.reset_peak()
@@ -138,7 +138,9 @@ class MLPStep:
             skipped=skipped,
         )
 
-    def _update(self, t: Trainer, grads: list[Grads], scale: float, undo: list[Undo]) -> tuple[dict[str, str], bool]:
+    def _update(
+        self, t: TrainerState, grads: list[Grads], scale: float, undo: list[Undo]
+    ) -> tuple[dict[str, str], bool]:
         """The optimizer step, block by block; empties ``grads``.
 
         Returns the reduced gradients' layouts and whether the step was skipped (inf/NaN

@@ -34,7 +34,7 @@ from .state import in_c_order
 from .update import Undo, undo_entries, update_weight
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from .held import TrainerState
 
 
 class ModelStep:
@@ -57,10 +57,10 @@ class ModelStep:
     (True, 'tp=2')
     """
 
-    def check(self, t: Trainer, tokens: Any, targets: Any) -> None:
+    def check(self, t: TrainerState, tokens: Any, targets: Any) -> None:
         """Nothing before the step: :func:`~shardsim.transformer.run_model` checks the tokens itself."""
 
-    def __call__(self, t: Trainer, tokens: Any, targets: Any, undo: list[Undo]) -> StepResult:
+    def __call__(self, t: TrainerState, tokens: Any, targets: Any, undo: list[Undo]) -> StepResult:
         from ..transformer.run import run_model
 
         plan = t.plan
@@ -100,14 +100,14 @@ class ModelStep:
             axes=dict(plan.axes()),
         )
 
-    def _reductions(self, t: Trainer) -> contextlib.AbstractContextManager[Any]:
+    def _reductions(self, t: TrainerState) -> contextlib.AbstractContextManager[Any]:
         """Gradients summed over the data axis in ``precision.reduce`` (e.g. float32 under bf16)."""
         prec = t.precision
         if prec.reduce == prec.compute or t.data_axis is None:
             return contextlib.nullcontext()
         return reduce_dtype(prec.reduce, t.data_axis)
 
-    def _update(self, t: Trainer, grads: dict[str, ShardedArray], undo: list[Undo]) -> None:
+    def _update(self, t: TrainerState, grads: dict[str, ShardedArray], undo: list[Undo]) -> None:
         """Every weight's optimizer step (empties ``grads``); ZeRO-1/2 AllGather the new weights."""
         if t.gathers:  # the AllGathers after the first update can fail: keep what undoes it
             undo.extend(undo_entries(t.state_slots()))

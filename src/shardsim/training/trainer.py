@@ -57,6 +57,7 @@ from ..strategies.runner import (
 )
 from . import optim
 from .checkpointed import Checkpointed
+from .held import TrainerState
 from .mlp_step import MLPStep, microbatch_loss, reductions_in
 from .model_step import ModelStep
 from .optim import SGD, Adam, Optimizer
@@ -84,7 +85,7 @@ __all__ = [
 MLP_KEYWORDS = ("activation", "residual", "recompute", "axes", "engine")
 
 
-class Trainer(Checkpointed):
+class Trainer(Checkpointed, TrainerState):
     """A model's sharded weights and optimizer state, trained step by step: an MLP or a transformer.
 
     Spellings (each builds this one class):
@@ -138,35 +139,13 @@ class Trainer(Checkpointed):
     ('float32', Layout('[V, D_{data}]'), 'Trainer')
     """
 
-    mesh: Mesh
-    precision: Precision
-    optimizer: Optimizer
-    scale: ScaleState
-    step_count: int
-    skipped_steps: int
+    # the fields the step programs use are TrainerState's; these are the trainer's own
     program: MLPStep | ModelStep
     model: MLP | TransformerConfig | None  # None: the scheme spelling
-    plan: Plan | None
-    params: Any  # the weights the chips compute with (compute dtype): list of blocks, or dict by key
-    master: Any  # float32 master weights (mixed precision only), state layout
-    moments: Any  # optimizer state, state layout: {key: {slot: value}} (per block for an MLP)
-    state_layouts: dict[str, str]
-    names: list[str]
-    depth: int | None
-    # an MLP's
-    scheme: Scheme
-    axes: dict[str, str]
-    ctx: Ctx
-    layouts: dict[str, str]
-    residual: bool
-    recompute: bool
-    block_shapes: list[dict[str, Any]]
-    # a transformer's
-    cfg: TransformerConfig
-    roles: Any
-    data_axis: str | None
-    gathers: bool
-    dropout_seed: int | None
+    roles: Any  # a transformer's
+    params: Any  # a list of blocks (an MLP's) or a dict by key (a transformer's), as TrainerState says
+    master: Any
+    moments: Any
 
     def __init__(
         self,

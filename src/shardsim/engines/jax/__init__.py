@@ -13,6 +13,7 @@ True
 from __future__ import annotations
 
 import importlib.util
+from typing import TYPE_CHECKING, Any
 
 from ...errors import EngineUnavailableError
 
@@ -22,6 +23,18 @@ if importlib.util.find_spec("jax") is None:
         "shardsim.run_strategy runs every scheme on the stacked NumPy engine without it"
     )
 
-from .program import SUPPORTED, Program, compile, plan, program_fn, run_strategy
+if TYPE_CHECKING:
+    from .program import SUPPORTED, Program, compile, plan, program_fn, run_strategy
+
+
+def __getattr__(name: str) -> Any:
+    """The program's names, loaded on first use: the kernels and placement import without the
+    schemes, which the program runs and which sit above the core's seam (PEP 562)."""
+    if name in __all__:
+        from . import program
+
+        return getattr(program, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["SUPPORTED", "Program", "compile", "plan", "program_fn", "run_strategy"]

@@ -29,10 +29,10 @@ from ..dtypes import resolve_dtype, tolerance
 from ..errors import ShardsimError
 from ..host import check_host_memory
 from ..mesh import Mesh
-from . import get
-from .base import ROLE_DEFAULTS, Scheme
-from .runner import StrategyResult
-from .runner import run as run_scheme
+from ..strategies.base import ROLE_DEFAULTS, Scheme
+from ..strategies.registry import get
+from ..strategies.runner import StrategyResult
+from ..strategies.runner import run as run_scheme
 
 #: The seed's toy sizes: X is 2×4 (B = 2 tokens, d_model = 4) and d_ff = 8.
 SEED_SIZES = {"batch": 2, "d_model": 4, "d_ff": 8}
