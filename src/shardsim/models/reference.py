@@ -43,7 +43,17 @@ from .reference_attention import (
     rope,
     rope_backward,
 )
-from .reference_block import apply_norm, block, block_backward, block_forward, block_grads, dropout_masks, norm_backward
+from .reference_block import (
+    Cache,
+    Params,
+    apply_norm,
+    block,
+    block_backward,
+    block_forward,
+    block_grads,
+    dropout_masks,
+    norm_backward,
+)
 from .reference_pieces import (
     SITE_INDEX,
     SITES,
@@ -61,9 +71,6 @@ from .reference_pieces import (
     swiglu,
     swiglu_backward,
 )
-
-Params = dict[str, np.ndarray]
-Cache = dict[str, Any]
 
 __all__ = [
     "SITES",

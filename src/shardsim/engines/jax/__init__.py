@@ -5,8 +5,8 @@
 arguments for a JAX training loop. Needs ``pip install 'shardsim[jax]'``; ``import shardsim``
 never imports JAX.
 
->>> import shardsim
->>> "fsdp_tp" in SUPPORTED
+>>> from shardsim.engines import jax as engine
+>>> "fsdp_tp" in engine.SUPPORTED
 True
 """
 
