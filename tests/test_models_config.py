@@ -279,3 +279,13 @@ def test_numbers_and_words_of_the_wrong_kind_are_config_errors(field: str, value
     fields: dict[str, object] = {"layers": 1, "d_model": 8, "heads": 2, "d_ff": 8, "vocab": 11, "seq": 4, field: value}
     with pytest.raises(ConfigError, match=f"TransformerConfig.{field}"):
         TransformerConfig(**fields)  # type: ignore[arg-type]
+
+
+def test_bloom_176b_counts_the_published_parameters_but_its_embedding_norm() -> None:
+    # BigScience 2022, "BLOOM", §3.2: 176,247,271,424 parameters; the LayerNorm after the
+    # embedding (weight and bias of d_model each) is the one piece the config leaves out.
+    cfg = get("bloom-176b")
+    h, v = cfg.d_model, cfg.vocab
+    per_layer = 12 * h * h + 13 * h  # QKV and output (4h² + 4h), the MLP (8h² + 5h), two LayerNorms (4h)
+    assert cfg.param_count() == cfg.layers * per_layer + v * h + 2 * h
+    assert cfg.param_count() + 2 * h == 176_247_271_424

@@ -13,6 +13,13 @@ PTD-P (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on 
 Clusters Using Megatron-LM", Table 1): GPT models with sequence 2048 and vocabulary 51200,
 named by their published parameter count.
 
+BLOOM (BigScience 2022, "BLOOM: A 176B-Parameter Open-Access Multilingual Language Model",
+Table 1 and the released config): 70 layers of width 14336 with 112 heads, GELU MLP of
+4·d_model, biases, tied embeddings, a vocabulary padded to 250880 for tensor parallelism,
+context 2048, no dropout. Its ALiBi attention biases are no parameters (``position="none"``);
+the LayerNorm after its embedding is not modelled, 28,672 parameters (2·d_model) short of the
+published 176,247,271,424.
+
 Dropout 0.1 on the GPT-style presets is Megatron-LM's default (``--hidden-dropout`` and
 ``--attention-dropout``), the setting of Korthikanti et al. 2022's activation accounting; the
 Llama configs train without dropout.
@@ -98,6 +105,19 @@ _PRESETS: dict[str, TransformerConfig] = {
     "ptdp-310.1b": _ptdp("ptdp-310.1b", 128, 16384, 96),
     "ptdp-529.6b": _ptdp("ptdp-529.6b", 128, 20480, 105),
     "ptdp-1t": _ptdp("ptdp-1t", 160, 25600, 128),
+    # BigScience 2022 (BLOOM), Table 1 and config.json of the released weights
+    "bloom-176b": TransformerConfig(
+        layers=70,
+        d_model=14336,
+        heads=112,
+        d_ff=4 * 14336,
+        vocab=250880,
+        seq=2048,
+        bias=True,
+        tie_embeddings=True,
+        position="none",
+        name="bloom-176b",
+    ),
     # small enough to run exactly and check against finite differences
     "gpt-tiny": TransformerConfig(
         layers=2, d_model=32, heads=4, d_ff=128, vocab=64, seq=16, bias=True, tie_embeddings=True, name="gpt-tiny"
@@ -121,7 +141,7 @@ _PRESETS: dict[str, TransformerConfig] = {
 
 
 def names() -> list[str]:
-    """The preset names, in the order above (GPT-3, Llama 2, Llama 3, PTD-P, tiny).
+    """The preset names, in the order above (GPT-3, Llama 2, Llama 3, PTD-P, BLOOM, tiny).
 
     >>> names()[:2]
     ['gpt3-125m', 'gpt3-350m']
