@@ -58,7 +58,8 @@ def test_a100_flash_core_runs_at_the_matmul_rate_of_its_qkvo_traffic() -> None:
     t(t+1)/2 visible tile pairs (t = S / 128); the backward recomputes the scores and does 4 more.
     It reads Q, K, V and writes O once, 8 S H bytes per head for about 2 H S^2 FLOPs: intensity
     S / 4; S / 8 allows the kernel twice that traffic. What it never pays is a pass over the
-    S x S scores in HBM (8.76 passes over them made flash 42% slower than standard on Llama-2-7B).
+    S x S scores in HBM (8.76 passes over them made Llama-2-7B under ``dp=8`` on 8 A100s at 64K
+    tokens take 3.81 s a step with flash against 2.54 s with standard attention).
     """
     cfg = dataclasses.replace(get("llama2-7b"), layers=1)
     seq = 4096
