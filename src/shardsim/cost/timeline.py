@@ -379,6 +379,12 @@ def _cost(
         # at the kernel's measured rate with no untimed passes after it
         seconds = e.flops / (hardware.flops(e.dtype or "bfloat16") * efficiency.attention.fraction(e.phase))
         return _Cost("compute" + suffix, links("compute"), seconds, "compute", None, seconds)
+    if e.kernel == "attention":
+        # a fused kernel without a measured rate: its matmuls run on the matmul curve at the
+        # traffic the trace counts (Q, K, V and O once per block, the scores a 128 x 128 tile on
+        # chip), and its softmax is inside it, so no untimed passes over the scores follow
+        r = matmul_time(e.flops, e.hbm_bytes, hardware, e.dtype or "bfloat16", efficiency)
+        return _Cost("compute" + suffix, links("compute"), r.seconds, r.bound, r.intensity, r.flops_s, r.memory_s)
     if e.op == "matmul" or e.flops:
         r = matmul_time(e.flops, e.hbm_bytes, hardware, e.dtype or "bfloat16", efficiency)
         # the untimed kernels that read and write the matmul's output run right after it on

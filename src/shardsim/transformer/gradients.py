@@ -27,7 +27,10 @@ class Gradients:
         for key, g in grads.items():
             g.as_category("temporaries")  # unreduced: a buffer for the reduction, until finish() holds the result
             if self.accumulate:
-                self.pending[key] = self.pending[key] + g if key in self.pending else g
+                # the running sum is the same unreduced buffer as its addends, not an activation
+                # a microbatch keeps for its backward: it lives until the flush's reduction
+                total = self.pending[key] + g if key in self.pending else g
+                self.pending[key] = total.as_category("temporaries")
                 continue
             if key == "embed.T":  # the tied LM head's gradient: embed's, added once the embedding's is known
                 self.pending["embed"] = g.T
