@@ -121,9 +121,9 @@ def _search(req: _Request, chips: int, progress: bool | None, t0: float) -> Plan
                                        usable=hw.hbm_capacity * (1 - cons.headroom))  # fmt: skip
     bar = Progress(len(space), enabled=progress)
     kept, best = _walk(cfg, cache, ranked, rejected, bar, seq=seq, window=window, headroom=cons.headroom, traced=traced)
-    bar.update(considered=len(space), traced=cache.traced - traced, kept=len(kept), force=True)
-    bar.close()
     kept = _fastest_rows(kept, rejected, best, window)
+    bar.update(considered=len(space), traced=cache.traced - traced, kept=len(kept), force=True)  # the table's counts
+    bar.close()
     return PlanTable(cfg, hw, chips, req.batch_tokens, seq, kept, rejected, len(space), cache.traced - traced,
                      time.perf_counter() - t0, cons, window)  # fmt: skip
 
@@ -147,10 +147,9 @@ def _fits_at(req: _Request, chips: int) -> bool:
     """Whether the request has a plan on ``chips`` chips: the memory bound first, untraced, then the search."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the first search warned of any missing calibration already
-        try:
-            space = _plan_space(req.cfg, req.hw, chips, req.batch_tokens, req.seq, req.cons)
-        except PlannerError:
-            return False
+        domain = _fast_domain(req.hw, chips)
+        space = candidates(req.cfg, chips=chips, batch_tokens=req.batch_tokens, seq=req.seq, domain=domain,
+                           constraints=req.cons)  # fmt: skip
         usable = req.hw.hbm_capacity * (1 - req.cons.headroom)
         state = state_bytes(req.cache.policy)
         if all(memory_bound(req.cfg, c, seq=req.seq, state=state) > usable for c in space):
