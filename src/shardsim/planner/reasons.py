@@ -33,7 +33,11 @@ TRIES = 512
 
 
 def tokens_text(n: int) -> str:
-    """A token count as ``batch_tokens`` reads it: ``'3M'`` where a binary suffix is exact."""
+    """A token count as ``batch_tokens`` reads it: ``'3M'`` where a binary suffix is exact.
+
+    >>> tokens_text(2**21), tokens_text(96)
+    ("'2M'", '96')
+    """
     for suffix, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
         if n % scale == 0:
             return f"'{n // scale}{suffix}'"
@@ -73,7 +77,11 @@ def nearest_chips(
     works: Callable[[int], bool], chips: int, *, step: int, tries: int = TRIES
 ) -> tuple[int | None, int | None]:
     """The nearest chip counts below and above ``chips``, multiples of ``step`` within ``tries``
-    steps, for which ``works`` (the search's own test) holds; None where none does."""
+    steps, for which ``works`` (the search's own test) holds; None where none does.
+
+    >>> nearest_chips(lambda n: n % 24 == 0, 16, step=8), nearest_chips(lambda n: False, 16, step=8)
+    ((None, 24), (None, None))
+    """
     down = (n for n in range(chips - chips % step, 0, -step) if n < chips)
     up = range((chips // step + 1) * step, min(MAX_CHIPS, chips + tries * step) + 1, step)
     return _first(works, down, tries), _first(works, up, tries)

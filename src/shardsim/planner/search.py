@@ -63,6 +63,7 @@ def plan(
     progress: bool | None = None,
     policy: str | BytePolicy | None = None,
     cache: LayerCache | None = None,
+    nearest: bool = True,
     **constraints: Any,
 ) -> PlanTable:
     """The plans of ``model`` on ``chips`` chips of ``hardware`` that fit, fastest first.
@@ -78,13 +79,17 @@ def plan(
     that names a ZeRO stage (``megatron``: 0, ``megatron-distributed``: 1) holds the search to it.
     ``cache``: a :class:`~.program.LayerCache` whose traced layer programs this search reuses
     and adds to (searches of one model on one hardware at one sequence and byte policy, e.g.
-    at several chip counts, share their traces); by default a fresh one.
+    at several chip counts, share their traces); by default a fresh one. ``nearest``: when
+    nothing fits, search larger chip counts for the nearest on which the request has a plan and
+    name it (:mod:`.reasons`); off for callers that walk the chip counts themselves.
     """
     t0 = time.perf_counter()
     cfg, hw, batch_tokens, seq, chosen, cons = check_arguments(
         model, hardware, batch_tokens, seq, window=window, progress=progress, policy=policy, cache=cache,
         constraints=constraints,
     )  # fmt: skip
+    if not isinstance(nearest, bool):
+        raise PlannerError(f"nearest={nearest!r}: searching larger chip counts when nothing fits is on (True) or off")
     _check_inputs(cfg, hw, chips, batch_tokens, seq, cons, links, topology, efficiency)
     if cache is None:
         cache = LayerCache(cfg, hw, seq=seq, efficiency=efficiency, links=links, topology=topology, policy=chosen)
@@ -93,7 +98,7 @@ def plan(
     req = _Request(cfg, hw, batch_tokens, seq, cons, links, topology, window, cache)
     table = _search(req, chips, progress, t0)
     if not table.rows:
-        raise PlannerError(table.no_plan_reason(_fits_on(req, chips, table)))
+        raise PlannerError(table.no_plan_reason(_fits_on(req, chips, table) if nearest else None))
     return table
 
 

@@ -16,6 +16,8 @@ settings away from their defaults (``recompute=none`` over ``selective``).
 >>> cache = LayerCache(get("llama-tiny"), "h100", seq=16)
 >>> plain, sel = (Plan(tp=2, attention="flash", recompute=r) for r in ("none", "selective"))
 >>> rows = [evaluate(cache, Candidate(p, micro=4, batch=4)) for p in (sel, plain)]
+>>> figures(rows[0]) == figures(rows[1]), twin_key(rows[0]) == twin_key(rows[1])
+(True, True)
 >>> kept, dropped = simplest_of_twins(rows)
 >>> [str(e.plan) for e in kept], [(str(e.plan), str(t.plan)) for e, t in dropped]
 (['tp=2,attention=flash'], [('tp=2,attention=flash,recompute=selective', 'tp=2,attention=flash')])
