@@ -96,3 +96,17 @@ def test_a_space_no_chip_count_opens_says_so_without_a_count():
     # TP 16 over 4 heads: no chip count makes it divide, so no count is named
     with pytest.raises(PlannerError, match=r"satisfies the constraints .*microbatch range$"):
         plan(get("llama-tiny"), "h100", 16, 16 * 16, seq=16, tp=16, pp=1, dp=1)
+
+
+def test_the_chip_count_named_for_memory_is_the_nearest_whole_number_of_nodes():
+    # 405B at 16 sequences of 8K on 8 H100s: the ladder tries 16, 32, 64, then 128 fits and the
+    # counts of whole nodes between 64 and 128 are tried too: none has a plan
+    cache = LayerCache(get("llama3-405b"), "h100", seq=8192)
+    with pytest.raises(
+        PlannerError, match=r"727.5 GB short; try more chips \(the same request has a plan on 128 chips\)"
+    ):
+        plan("llama3-405b", "h100", 8, 16 * 8192, seq=8192, cache=cache)
+    assert plan("llama3-405b", "h100", 128, 16 * 8192, seq=8192, cache=cache).rows
+    for below in (96, 120):  # out of memory, or 16 sequences over no degree these chips leave
+        with pytest.raises(PlannerError, match=rf"(no plan of llama3-405b|fits under no plan) on {below} "):
+            plan("llama3-405b", "h100", below, 16 * 8192, seq=8192, cache=cache, nearest=False)

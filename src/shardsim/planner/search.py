@@ -135,16 +135,25 @@ def _search(req: _Request, chips: int, progress: bool | None, t0: float) -> Plan
 
 def _fits_on(req: _Request, chips: int, table: PlanTable) -> int | None:
     """Where every plan is out of memory: the nearest larger chip count on which the same request
-    has a plan (searched again, its traces reused), else None. Tried: every whole count of nodes
-    up to twice the chips (at most 32), then doublings."""
+    has a plan (searched again, its traces reused), else None. Tried: every whole number of nodes
+    up to twice the chips (at most 32), then doublings; past a doubling that fits, the whole
+    numbers of nodes between it and the one before (at most 16)."""
     if not any(r.kind in ("memory", "oom") for r in table.rejected):
         return None
     step = _granule(req.hw, chips)
-    ladder = list(range(chips + step, 2 * chips + 1, step))[:32]
-    ladder += [chips * 2**k for k in range(2, 12) if chips * 2**k <= MAX_CHIPS]
-    for n in ladder:
-        if _mesh_problem(req.hw, n, req.cons, req.links, req.topology) is None and _fits_at(req, n):
-            return n
+
+    def fits(n: int) -> bool:
+        return _mesh_problem(req.hw, n, req.cons, req.links, req.topology) is None and _fits_at(req, n)
+
+    near = next((n for n in list(range(chips + step, 2 * chips + 1, step))[:32] if fits(n)), None)
+    if near is not None:
+        return near
+    for k in range(2, 12):
+        if chips * 2**k > MAX_CHIPS:
+            break
+        if fits(chips * 2**k):
+            between = range(chips * 2 ** (k - 1) + step, chips * 2**k, step)
+            return next((n for n in between if fits(n)), chips * 2**k) if len(between) <= 16 else chips * 2**k
     return None
 
 
