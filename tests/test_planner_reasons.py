@@ -25,6 +25,7 @@ import warnings
 
 import pytest
 
+from shardsim.cost import get_hardware
 from shardsim.errors import PlannerError
 from shardsim.models import get
 from shardsim.planner import plan
@@ -110,3 +111,16 @@ def test_the_chip_count_named_for_memory_is_the_nearest_whole_number_of_nodes():
     for below in (96, 120):  # out of memory, or 16 sequences over no degree these chips leave
         with pytest.raises(PlannerError, match=rf"(no plan of llama3-405b|fits under no plan) on {below} "):
             plan("llama3-405b", "h100", below, 16 * 8192, seq=8192, cache=cache, nearest=False)
+
+
+def test_the_nearest_chip_count_may_lie_between_two_doublings():
+    # a toy of d_model 48 (ZeRO splits it over 3) on chips of 420 kB, with data parallelism and
+    # ZeRO only: on 1 and 2 chips every plan needs more, on 3 one fits, so the answer is 3, not
+    # the doubling 4 that the ladder reaches first
+    toy = get("llama-tiny").scaled(d_model=48, heads=6, kv_heads=6, d_ff=96, name="tiny48")
+    small = get_hardware("h100").with_(hbm_capacity=420e3)
+    with pytest.raises(PlannerError, match=r"try more chips \(the same request has a plan on 3 chips\)"):
+        plan(toy, small, 1, 12 * 16, seq=16, allow=("dp", "zero"))
+    with pytest.raises(PlannerError, match="fits under no plan on 2 h100 chips"):
+        plan(toy, small, 2, 12 * 16, seq=16, allow=("dp", "zero"), nearest=False)
+    assert plan(toy, small, 3, 12 * 16, seq=16, allow=("dp", "zero")).best.memory["total"] <= 420e3
