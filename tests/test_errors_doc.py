@@ -32,7 +32,7 @@ from shardsim import cli, errors
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
 README = PAGE.parents[1] / "README.md"
 
-EXAMPLES = 44  # every example on the page; a new one needs its line in SETUP or INSTEAD if the prose sets it up
+EXAMPLES = 45  # every example on the page; a new one needs its line in SETUP or INSTEAD if the prose sets it up
 
 # what the prose around an example sets up, as statements run before the example's code
 PARAMS = 'params = reference.init(get("gpt-tiny"))'
@@ -57,6 +57,7 @@ SETUP = {
     'reference.forward(get("gpt-tiny"), params, [[1, 2], [64, 3]])': PARAMS,
     'reference.forward(get("gpt-tiny"), params, np.zeros((1, 17), int))': PARAMS,
     'plan(cfg, "h100", 2, 64, seq=16, tp=0)': 'cfg = get("llama-tiny")',
+    'plan(cfg, "h100", 8, 6 * 16, seq=16, allow=("dp", "tp"), tp=2)': 'cfg = get("llama-tiny")',
     'run_model(get("gpt-tiny"), Plan(tp=2), mesh, params, [[1, 2, 64]], [[1, 2, 3]])': (
         f"{PARAMS}\nmesh = Plan(tp=2).mesh()"
     ),

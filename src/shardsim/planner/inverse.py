@@ -175,7 +175,7 @@ def fewest_chips(
     misses: list[str] = []
     for n in counts:
         try:
-            table = search(model, hw, n, batch_tokens, seq, **options)
+            table = search(model, hw, n, batch_tokens, seq, nearest=False, **options)  # the walk is ours
         except PlannerError as err:
             misses.append(f"{n}: {str(err).split(';')[0]}")
             continue

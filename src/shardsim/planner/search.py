@@ -22,7 +22,9 @@ from __future__ import annotations
 import math
 import numbers
 import time
+import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..cost.efficiency import Efficiency, resolve_efficiency
@@ -41,8 +43,10 @@ from .bounds import memory_bound, stage_bound, state_bytes, time_bound
 from .evaluate import PlanEstimate, evaluate
 from .program import LayerCache
 from .progress import Progress
+from .reasons import either, nearest_batches, nearest_chips, tokens_text
 from .space import PARALLELISMS, Candidate, Constraints, candidates
 from .table import PlanTable, Rejection
+from .twins import simplest_of_twins
 
 
 def plan(
@@ -59,6 +63,7 @@ def plan(
     progress: bool | None = None,
     policy: str | BytePolicy | None = None,
     cache: LayerCache | None = None,
+    nearest: bool = True,
     **constraints: Any,
 ) -> PlanTable:
     """The plans of ``model`` on ``chips`` chips of ``hardware`` that fit, fastest first.
@@ -74,46 +79,183 @@ def plan(
     that names a ZeRO stage (``megatron``: 0, ``megatron-distributed``: 1) holds the search to it.
     ``cache``: a :class:`~.program.LayerCache` whose traced layer programs this search reuses
     and adds to (searches of one model on one hardware at one sequence and byte policy, e.g.
-    at several chip counts, share their traces); by default a fresh one.
+    at several chip counts, share their traces); by default a fresh one. ``nearest``: when
+    nothing fits, search larger chip counts for the nearest on which the request has a plan and
+    name it (:mod:`.reasons`); off for callers that walk the chip counts themselves.
     """
     t0 = time.perf_counter()
     cfg, hw, batch_tokens, seq, chosen, cons = check_arguments(
         model, hardware, batch_tokens, seq, window=window, progress=progress, policy=policy, cache=cache,
         constraints=constraints,
     )  # fmt: skip
+    if not isinstance(nearest, bool):
+        raise PlannerError(f"nearest={nearest!r}: searching larger chip counts when nothing fits is on (True) or off")
     _check_inputs(cfg, hw, chips, batch_tokens, seq, cons, links, topology, efficiency)
     if cache is None:
         cache = LayerCache(cfg, hw, seq=seq, efficiency=efficiency, links=links, topology=topology, policy=chosen)
     else:
         _check_cache(cache, cfg, hw, seq, efficiency, links, topology, chosen)
-    traced = cache.traced
-    state = state_bytes(chosen)
-    space = _plan_space(cfg, hw, chips, batch_tokens, seq, cons)
-    ranked, rejected = _rank_by_bounds(cfg, hw, space, cache, seq, state, usable=hw.hbm_capacity * (1 - cons.headroom))
-    bar = Progress(len(space), enabled=progress)
-    kept, best = _walk(cfg, cache, ranked, rejected, bar, seq=seq, window=window, headroom=cons.headroom, traced=traced)
-    bar.update(considered=len(space), traced=cache.traced - traced, kept=len(kept), force=True)
-    bar.close()
-    kept = _fastest_rows(kept, rejected, best, window)
-    table = PlanTable(cfg, hw, chips, batch_tokens, seq, kept, rejected, len(space), cache.traced - traced,
-                      time.perf_counter() - t0, cons, window)  # fmt: skip
-    if not kept:
-        raise PlannerError(table.no_plan_reason())
+    req = _Request(cfg, hw, batch_tokens, seq, cons, links, topology, window, cache)
+    table = _search(req, chips, progress, t0)
+    if not table.rows:
+        raise PlannerError(table.no_plan_reason(_fits_on(req, chips, table) if nearest else None))
     return table
 
 
+@dataclass(frozen=True)
+class _Request:
+    """What a search asks, but the chip count: the same request is searched again at others."""
+
+    cfg: TransformerConfig
+    hw: Hardware
+    batch_tokens: int
+    seq: int
+    cons: Constraints
+    links: Mapping[str, str | AxisLink] | None
+    topology: str | Sequence[int] | None
+    window: float
+    cache: LayerCache
+
+
+def _search(req: _Request, chips: int, progress: bool | None, t0: float) -> PlanTable:
+    """Steps 1 to 3 on ``chips`` chips: the table, with no rows when no plan fits."""
+    cfg, hw, cache, seq, cons, window = req.cfg, req.hw, req.cache, req.seq, req.cons, req.window
+    traced = cache.traced
+    space = _plan_space(cfg, hw, chips, req.batch_tokens, seq, cons, mesh=(req.links, req.topology))
+    ranked, rejected = _rank_by_bounds(cfg, hw, space, cache, seq, state_bytes(cache.policy),
+                                       usable=hw.hbm_capacity * (1 - cons.headroom))  # fmt: skip
+    bar = Progress(len(space), enabled=progress)
+    kept, best = _walk(cfg, cache, ranked, rejected, bar, seq=seq, window=window, headroom=cons.headroom, traced=traced)
+    kept = _fastest_rows(kept, rejected, best, window)
+    bar.update(considered=len(space), traced=cache.traced - traced, kept=len(kept), force=True)  # the table's counts
+    bar.close()
+    return PlanTable(cfg, hw, chips, req.batch_tokens, seq, kept, rejected, len(space), cache.traced - traced,
+                     time.perf_counter() - t0, cons, window)  # fmt: skip
+
+
+def _fits_on(req: _Request, chips: int, table: PlanTable) -> int | None:
+    """Where every plan is out of memory: the nearest larger chip count on which the same request
+    has a plan (searched again, its traces reused), else None. Tried: every whole number of nodes
+    up to twice the chips (at most 32), then doublings; past a doubling that fits, the whole
+    numbers of nodes between it and the one before (at most 16)."""
+    if not any(r.kind in ("memory", "oom") for r in table.rejected):
+        return None
+    step = _granule(req.hw, chips)
+
+    def fits(n: int) -> bool:
+        return _mesh_problem(req.hw, n, req.cons, req.links, req.topology) is None and _fits_at(req, n)
+
+    near = next((n for n in list(range(chips + step, 2 * chips + 1, step))[:32] if fits(n)), None)
+    if near is not None:
+        return near
+    for k in range(2, 12):
+        if chips * 2**k > MAX_CHIPS:
+            break
+        if fits(chips * 2**k):
+            between = range(chips * 2 ** (k - 1) + step, chips * 2**k, step)
+            return next((n for n in between if fits(n)), chips * 2**k) if len(between) <= 16 else chips * 2**k
+    return None
+
+
+def _fits_at(req: _Request, chips: int) -> bool:
+    """Whether the request has a plan on ``chips`` chips: the memory bound first, untraced, then the search."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the first search warned of any missing calibration already
+        domain = _fast_domain(req.hw, chips)
+        space = candidates(req.cfg, chips=chips, batch_tokens=req.batch_tokens, seq=req.seq, domain=domain,
+                           constraints=req.cons)  # fmt: skip
+        usable = req.hw.hbm_capacity * (1 - req.cons.headroom)
+        state = state_bytes(req.cache.policy)
+        if all(memory_bound(req.cfg, c, seq=req.seq, state=state) > usable for c in space):
+            return False
+        return bool(_search(req, chips, False, time.perf_counter()).rows)
+
+
 def _plan_space(
-    cfg: TransformerConfig, hw: Hardware, chips: int, batch_tokens: int, seq: int, cons: Constraints
+    cfg: TransformerConfig,
+    hw: Hardware,
+    chips: int,
+    batch_tokens: int,
+    seq: int,
+    cons: Constraints,
+    mesh: tuple[Mapping[str, str | AxisLink] | None, str | Sequence[int] | None] | None = None,
 ) -> list[Candidate]:
-    """Step 1: every candidate the constraints allow; none at all is a :class:`PlannerError` naming them."""
+    """Step 1: every candidate the constraints allow; none at all is a :class:`PlannerError` naming them
+    and the nearest request that has candidates: the nearest batches if the batch is what divides
+    over no degree, else (given ``mesh``, the links and topology) the nearest chip counts."""
     domain = _fast_domain(hw, chips)
     space = list(candidates(cfg, chips=chips, batch_tokens=batch_tokens, seq=seq, domain=domain, constraints=cons))
-    if not space:
+    if space:
+        return space
+    name, want = cfg.name or "the model", batch_tokens // seq
+    below, above, ranks = nearest_batches(cfg, chips=chips, batch_tokens=batch_tokens, seq=seq, domain=domain,
+                                          constraints=cons)  # fmt: skip
+    if below or above:
+        shown = ", ".join(f"{r:,}" for r in ranks[:8]) + (", ..." if len(ranks) > 8 else "")
+        asked = f"{want:,} sequences" if cons.batch_range is None else f"batch_range={cons.batch_range}"
+        options = " or ".join(f"{b:,} sequences (batch_tokens={tokens_text(b * seq)})" for b in (below, above) if b)
         raise PlannerError(
-            f"no plan of {cfg.name or 'the model'} on {chips} chips satisfies the constraints "
-            f"{_constraint_text(cons, batch_tokens, seq)}; relax a fixed degree, the batch or the microbatch range"
+            f"no plan of {name} on {chips:,} chips takes a batch of {asked} of {seq} tokens "
+            f"{_constraint_text(cons, batch_tokens, seq, batch=False)}: it divides over none of the data-parallel "
+            f"degrees the other degrees leave ({shown}); the nearest batches that do: {options}, or give "
+            "batch_range=(lo, hi) to let the search choose"
         )
-    return space
+    near = _nearest_meshes(cfg, hw, chips, batch_tokens, seq, cons, *mesh) if mesh else ""
+    raise PlannerError(
+        f"no plan of {name} on {chips} chips satisfies the constraints "
+        f"{_constraint_text(cons, batch_tokens, seq)}; relax a fixed degree, the batch or the microbatch range{near}"
+    )
+
+
+def _mesh_problem(
+    hw: Hardware,
+    chips: int,
+    cons: Constraints,
+    links: Mapping[str, str | AxisLink] | None,
+    topology: str | Sequence[int] | None,
+) -> str | None:
+    """Why ``chips`` chips of ``hw`` cannot form a plan's mesh, or None: not whole nodes of the
+    NVLink domain, no slice of the torus, or not a multiple of the fixed degrees."""
+    net = next(iter(hw.networks.values()))
+    if isinstance(net, Switched) and net.domain and chips > net.domain and chips % net.domain:
+        return f"{chips} chips of {hw.name} do not form whole nodes of {net.domain}; use a multiple of {net.domain}"
+    try:
+        place(hw, Mesh(data=chips), links, topology=topology)
+    except CostModelError as err:
+        what = f"a {net.pod} pod" if isinstance(net, Torus) and net.pod else hw.name
+        return f"{chips} chips of {hw.name} cannot be laid out on {what}: {err}"
+    return cons.degrees_problem(chips)
+
+
+def _nearest_meshes(
+    cfg: TransformerConfig,
+    hw: Hardware,
+    chips: int,
+    batch_tokens: int,
+    seq: int,
+    cons: Constraints,
+    links: Mapping[str, str | AxisLink] | None,
+    topology: str | Sequence[int] | None,
+) -> str:
+    """The nearest chip counts either side whose meshes the hardware forms and whose space holds
+    candidates for this batch (the search's own tests), as the end of a message; or nothing."""
+
+    def works(n: int) -> bool:
+        if _mesh_problem(hw, n, cons, links, topology) is not None:
+            return False
+        space = candidates(
+            cfg, chips=n, batch_tokens=batch_tokens, seq=seq, domain=_fast_domain(hw, n), constraints=cons
+        )
+        return next(iter(space), None) is not None
+
+    counts = either(nearest_chips(works, chips, step=_granule(hw, chips)))
+    return f"; the nearest chip counts that form this request's meshes: {counts}" if counts else ""
+
+
+def _granule(hw: Hardware, chips: int) -> int:
+    """The step between chip counts worth trying: whole nodes past one NVLink domain, else one chip."""
+    net = next(iter(hw.networks.values()))
+    return net.domain if isinstance(net, Switched) and net.domain and chips > net.domain else 1
 
 
 def _rank_by_bounds(
@@ -196,7 +338,8 @@ def _fastest_rows(
     kept: list[PlanEstimate], rejected: list[Rejection], best: float, window: float
 ) -> list[PlanEstimate]:
     """One row per plan and microbatch, its fastest mesh order, fastest first; a plan slower than
-    the best by more than ``window`` goes to ``rejected`` instead."""
+    the best by more than ``window`` goes to ``rejected`` instead, and so does a plan whose
+    program is its simpler twin's (:mod:`.twins`)."""
     kept = sorted(kept, key=lambda e: (e.step_s / e.tokens, e.memory["total"]))
     unique: dict[tuple[str, int], PlanEstimate] = {}
     for e in kept:
@@ -204,7 +347,9 @@ def _fastest_rows(
             unique.setdefault((str(e.plan), e.candidate.micro), e)
         else:
             rejected.append(Rejection(e.candidate, "slower", e.step_s / e.tokens / best - 1, e.step_s, e.bound))
-    return list(unique.values())
+    rows, twins = simplest_of_twins(list(unique.values()))
+    rejected.extend(Rejection(e.candidate, "twin", 0.0, e.step_s, str(kept_for.plan)) for e, kept_for in twins)
+    return rows
 
 
 def check_arguments(
@@ -324,25 +469,20 @@ def _check_inputs(
             f"batch_tokens={batch_tokens} is not a whole number of {seq}-token sequences; use a multiple of {seq} "
             f"(e.g. {batch_tokens // seq * seq or seq}) or give batch_range"
         )
-    net = next(iter(hw.networks.values()))
-    if isinstance(net, Switched) and net.domain and chips > net.domain and chips % net.domain:
-        raise PlannerError(
-            f"{chips} chips of {hw.name} do not form whole nodes of {net.domain}; use a multiple of {net.domain} "
-            f"(e.g. {chips // net.domain * net.domain or net.domain} or {-(-chips // net.domain) * net.domain})"
-        )
-    try:
-        pl = place(hw, Mesh(data=chips), links, topology=topology)
-    except CostModelError as err:
-        what = f"a {net.pod} pod" if isinstance(net, Torus) and net.pod else hw.name
-        raise PlannerError(f"{chips} chips of {hw.name} cannot be laid out on {what}: {err}") from None
+    cons.check_values()
+    problem = _mesh_problem(hw, chips, cons, links, topology)
+    if problem:
+        raise PlannerError(problem + _nearest_meshes(cfg, hw, chips, batch_tokens, seq, cons, links, topology))
+    pl = place(hw, Mesh(data=chips), links, topology=topology)
     resolve_efficiency(hw, efficiency, pl.networks())  # an unknown mode: the cost model's own error, now
     cons.check(cfg, chips)
 
 
-def _constraint_text(cons: Constraints, batch_tokens: int, seq: int) -> str:
+def _constraint_text(cons: Constraints, batch_tokens: int, seq: int, *, batch: bool = True) -> str:
     parts = [f"{k}={v}" for k, v in cons.fixed.items()]
     if tuple(cons.allow) != PARALLELISMS:
         parts.append(f"allow={list(cons.allow)}")
-    parts.append(f"batch {batch_tokens // seq} sequences of {seq}")
+    if batch:
+        parts.append(f"batch {batch_tokens // seq} sequences of {seq}")
     parts.append(f"microbatch {cons.micro_range[0]}..{cons.micro_range[1]}")
     return "(" + ", ".join(parts) + ")"

@@ -141,13 +141,22 @@ class Constraints:
                     f"{key}={value} is fixed but {key!r} is not among the allowed parallelisms {list(self.allow)}; "
                     f"drop one of the two"
                 )
-        degrees = [self.fixed.get(k, 1) for k in DEGREES]
-        if chips % math.prod(degrees):
-            named = " x ".join(f"{k}={self.fixed[k]}" for k in DEGREES if k in self.fixed)
-            raise PlannerError(
-                f"the fixed degrees {named} = {math.prod(degrees)} do not divide {chips} chips; "
-                "change a degree or the chip count"
-            )
+        problem = self.degrees_problem(chips)
+        if problem:
+            raise PlannerError(problem)
+
+    def degrees_problem(self, chips: int) -> str | None:
+        """Why the fixed degrees cannot form a mesh of ``chips`` chips (their product does not
+        divide it), or None.
+
+        >>> Constraints.of(tp=8, pp=3).degrees_problem(16)
+        'the fixed degrees tp=8 x pp=3 = 24 do not divide 16 chips; change a degree or the chip count'
+        """
+        product = math.prod(self.fixed.get(k, 1) for k in DEGREES)
+        if chips % product == 0:
+            return None
+        named = " x ".join(f"{k}={self.fixed[k]}" for k in DEGREES if k in self.fixed)
+        return f"the fixed degrees {named} = {product} do not divide {chips} chips; change a degree or the chip count"
 
     def check_values(self) -> None:
         """Each option's own kind and range, whatever the chips: a degree that is not a whole

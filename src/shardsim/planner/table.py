@@ -17,15 +17,18 @@ gpt-tiny on 2 h100, 64 tokens per step (4 x 16): ... candidates, ... traced, ...
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._format import fmt_bytes, fmt_time, table_html, table_text
+from .._format import fmt_time, table_html, table_text
 from ..cost.hardware import Hardware
+from ..cost.numbers import gb
 from ..models import TransformerConfig
 from .evaluate import PlanEstimate
 from .space import Candidate, Constraints
+from .twins import figures
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,8 @@ class Rejection:
     lower bound is ``amount`` slower than the best plan, as a fraction), ``"slower"`` (traced,
     it fits but is ``amount`` slower than the best, beyond the window; ``detail`` what binds it)
     or ``"refused"`` (the program refused it: ``detail``). ``step_s`` its step (traced) or
-    lower bound, if known."""
+    lower bound, if known; or ``"twin"`` (its program is that of the simpler plan ``detail``,
+    kept in its place: :mod:`.twins`)."""
 
     candidate: Candidate
     kind: str
@@ -92,10 +96,12 @@ class PlanTable:
 
     @property
     def runner_up(self) -> PlanEstimate | None:
-        """The fastest kept plan of another shape (degrees or ZeRO stage) than the best, else the next row."""
-        shape = _shape(self.best)
-        other = [r for r in self.rows[1:] if _shape(r) != shape]
-        return other[0] if other else (self.rows[1] if len(self.rows) > 1 else None)
+        """The fastest kept plan of another shape (degrees or ZeRO stage) than the best, else the
+        next row; never one whose figures are the best's (nothing would tell them apart)."""
+        shape, same = _shape(self.best), figures(self.best)
+        different = [r for r in self.rows[1:] if figures(r) != same]
+        other = [r for r in different if _shape(r) != shape]
+        return other[0] if other else (different[0] if different else None)
 
     def find(self, **degrees: Any) -> list[PlanEstimate]:
         """The kept plans whose plan fields equal ``degrees`` (``tp=8, pp=16, cp=1``), fastest first.
@@ -116,7 +122,12 @@ class PlanTable:
         """Why the best plan beats the runner-up, in the parts of their steps."""
         b, r = self.best, self.runner_up
         if r is None:
-            return f"{b.plan} is the only plan that fits."
+            same = [t.candidate.plan for t in self.rejected if t.kind == "twin" and t.detail == str(b.plan)]
+            twins = (
+                f"; {', '.join(map(str, same))} {'runs' if len(same) == 1 else 'run'} its very program" if same else ""
+            )
+            alike = f" (the {len(self.rows) - 1} after it have its figures)" if len(self.rows) > 1 else ""
+            return f"{b.plan} is the only plan kept{alike}{twins}."
         diffs = {k: r.parts[k] - b.parts[k] for k in b.parts}
         for axis in set(b.comm_exposed) | set(r.comm_exposed):
             diffs[f"exposed comm {axis}"] = r.comm_exposed.get(axis, 0.0) - b.comm_exposed.get(axis, 0.0)
@@ -125,7 +136,7 @@ class PlanTable:
         return (
             f"{b.plan} (mb={b.candidate.micro}) beats {r.plan} (mb={r.candidate.micro}) by "
             f"{self.slowdown(r):.1%} per token: the runner-up's {parts or 'parts are equal'}"
-            f"; memory {fmt_bytes(b.memory['total'])} vs {fmt_bytes(r.memory['total'])} per chip."
+            f"; memory {fmt_gb(b.memory['total'])} vs {fmt_gb(r.memory['total'])} per chip."
         )
 
     def families(self) -> list[tuple[str, str]]:
@@ -155,7 +166,7 @@ class PlanTable:
         if mem and len(mem) == len(rej):
             least = min(mem, key=lambda r: r.amount)
             how = "measured" if least.kind == "oom" else "at least (lower bound)"
-            closest = f"{fmt_bytes(least.amount)} short ({how}, {least.candidate.describe()})"
+            closest = f"{fmt_gb(least.amount)} short ({how}, {least.candidate.describe()})"
             return f"out of memory: {len(mem)} plans, the closest {closest}"
         text = []
         if slower:
@@ -168,7 +179,7 @@ class PlanTable:
             least_b = min(bound, key=lambda r: r.amount)
             text.append(f"{len(bound)} slower by their lower bound alone (>= {least_b.amount:.0%} behind the best)")
         if mem:
-            closest = fmt_bytes(min(r.amount for r in mem))
+            closest = fmt_gb(min(r.amount for r in mem))
             text.append(f"{len(mem)} out of memory (closest {closest} short)")
         if refused:
             text.append(f"{len(refused)} refused: {refused[0].detail}")
@@ -179,8 +190,11 @@ class PlanTable:
             text.append(f"TP {tp} spans more than one {domain}-chip fast domain: collectives cross the slower network")
         return "; ".join(text)
 
-    def no_plan_reason(self) -> str:
-        """Why no plan was kept: the smallest shortfall and what would close it."""
+    def no_plan_reason(self, fits_on: int | None = None) -> str:
+        """Why no plan was kept. Out of memory: the plan needing the least, its need against the
+        chip's usable memory, and what would close the gap: ``fits_on``, the nearest chip count on
+        which the same request has a plan (when the search found one), and the levers the
+        constraints hold back."""
         mem = [r for r in self.rejected if r.kind in ("memory", "oom")]
         name = self.model.name or "the model"
         if not mem:
@@ -188,18 +202,25 @@ class PlanTable:
             why = refused[0].detail if refused else "every candidate was refused"
             return f"no plan of {name} on {self.chips} {self.hardware.name} chips could be run: {why}"
         least = min(mem, key=lambda r: r.amount)
-        p = least.candidate.plan
-        fixes = ["more chips"]
-        if p.recompute != "full":
-            fixes.append("recompute='full'")
-        if p.zero < 3 and p.pp == 1 and p.dp > 1:
-            fixes.append(f"ZeRO stage {p.zero + 1}")
-        fixes.append("a smaller microbatch or batch")
-        fixes.append("less headroom" if self.constraints.headroom else "fewer fixed degrees")
+        cons, hbm = self.constraints, self.hardware.hbm_capacity
+        usable = hbm * (1 - cons.headroom)
+        fixes = [f"more chips (the same request has a plan on {fits_on:,} chips)" if fits_on else "more chips"]
+        fixes.append(f"a shorter sequence than {self.seq:,}")
+        if cons.fixed.get("recompute", "full") != "full":
+            fixes.append(f"recompute='full' (fixed at {cons.fixed['recompute']!r})")
+        if "zero" in cons.fixed or "zero" not in cons.allow:
+            fixes.append("a higher ZeRO stage (zero is fixed or not allowed)")
+        if cons.micro_range[0] > 1:
+            fixes.append(f"a smaller microbatch (micro_range starts at {cons.micro_range[0]})")
+        if cons.headroom:
+            fixes.append("less headroom")
+        if cons.fixed:
+            fixes.append("fewer fixed degrees")
+        room = f"{fmt_gb(usable)} usable of {fmt_gb(hbm)}" if cons.headroom else f"{fmt_gb(hbm)}"
         return (
-            f"{name} fits under no plan on {self.chips} {self.hardware.name} chips "
-            f"({fmt_bytes(self.hardware.hbm_capacity)} each): the closest, {least.candidate.describe()}, is "
-            f"{'at least ' if least.kind == 'memory' else ''}{fmt_bytes(least.amount)} per chip short; "
+            f"{name} fits under no plan on {self.chips} {self.hardware.name} chips: the plan needing the least "
+            f"memory, {least.candidate.describe()}, needs {'at least ' if least.kind == 'memory' else ''}"
+            f"{fmt_gb(usable + least.amount)} per chip of the chip's {room}, {fmt_gb(least.amount)} short; "
             f"try {', '.join(fixes)}"
         )
 
@@ -221,8 +242,8 @@ class PlanTable:
             rows.append(
                 (
                     str(i), str(e.plan), str(e.candidate.micro), fmt_time(e.step_s), f"{e.tokens_per_s:,.0f}",
-                    f"{e.mfu:.1%}", fmt_bytes(m["params"]), fmt_bytes(m["grads"]), fmt_bytes(m["optimizer"]),
-                    fmt_bytes(m["activations"]), fmt_bytes(m["total"]), fmt_bytes(e.headroom), e.bound,
+                    f"{e.mfu:.1%}", fmt_gb(m["params"]), fmt_gb(m["grads"]), fmt_gb(m["optimizer"]),
+                    fmt_gb(m["activations"]), fmt_gb(m["total"]), fmt_gb(e.headroom), e.bound,
                 )
             )  # fmt: skip
         return rows, {0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}
@@ -268,6 +289,19 @@ class PlanTable:
             "rejected_families": dict(self.families()),
         }
         return json.dumps(doc, indent=2)
+
+
+def fmt_gb(n: float) -> str:
+    """Bytes in GB (10**9), as ``shardsim estimate`` writes them: four significant digits,
+    never in exponent form (a toy model's kilobytes too).
+
+    >>> fmt_gb(80e9), fmt_gb(90.912e9), fmt_gb(6.4e6), fmt_gb(28992), fmt_gb(0)
+    ('80 GB', '90.91 GB', '0.0064 GB', '0.00002899 GB', '0 GB')
+    """
+    text = gb(n)
+    if "e" in text:  # below 1e-4 GB: the same four digits written out
+        text = f"{n / 1e9:.{3 - math.floor(math.log10(abs(n) / 1e9))}f}".rstrip("0")
+    return f"{text} GB"
 
 
 def _shape(e: PlanEstimate) -> tuple[int, ...]:
