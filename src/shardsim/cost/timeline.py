@@ -9,9 +9,12 @@ as the book assumes for FSDP+TP). ``overlap=False`` runs everything one after th
 ``efficiency`` (:mod:`~shardsim.cost.efficiency`) times matmuls and collectives at the
 book's ideal rates or at the chip's measured ones.
 
-``comm_exposed_s`` is the time the compute stream waits; ``comm_hidden_s = comm_s -
-comm_exposed_s`` is the communication the step does not pay for, so turning overlap off
-lengthens the step by exactly ``comm_hidden_s``.
+``comm_exposed_s`` is the time the compute stream waits with a collective of its chips
+running; ``comm_hidden_s = comm_s - comm_exposed_s`` is the communication the step does not pay
+for, so turning overlap off lengthens the step by exactly ``comm_hidden_s``. When chips run
+different steps (pipeline stages, :class:`ChipsTime`), the figures are one set of chips' (the
+busiest), and the time their compute sits idle with none of their collectives running is the
+pipeline's ``bubble_s``: ``step_s = compute_s + comm_exposed_s + bubble_s``.
 
 >>> from shardsim import Mesh
 >>> from shardsim.cost import build_timeline, get_hardware, place, scheme_program
@@ -30,7 +33,7 @@ import bisect
 import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..dtypes import resolve_dtype
@@ -88,6 +91,75 @@ class Bar:
         return 0.0 if self.is_compute else self.seconds - self.hidden
 
 
+@dataclass(frozen=True)
+class ChipsTime:
+    """One set of chips' step, in seconds (``chips`` is their ``Event.where``, ``""`` for all).
+
+    ``compute_s`` is their compute stream's busy time; ``comm_s`` sums their collectives, split
+    into ``under_compute_s`` (overlapping their compute), ``exposed_s`` (their compute idle, one
+    of their collectives running: the union of those moments, so two collectives at once count
+    once) and the rest, behind other comm. ``bubble_s`` is the step's remaining idle time, with
+    none of their collectives running: ``step_s = compute_s + exposed_s + bubble_s``.
+    """
+
+    chips: str
+    compute_s: float
+    comm_s: float
+    under_compute_s: float
+    exposed_s: float
+    bubble_s: float
+
+
+def chips_time(chips: str, bars: Sequence[Bar], step_s: float) -> ChipsTime:
+    """The :class:`ChipsTime` of the ``bars`` one set of chips runs, over a step of ``step_s``.
+
+    >>> busy = Bar(0, "compute", "matmul", (), "x @ W", "forward", 0, 1.0, 3.0, 0, 1, "compute")
+    >>> ring = replace(busy, index=1, stream="comm X", op="all_gather", start=0.0, end=2.0)
+    >>> chips_time("", [ring, busy], 5.0)  # 1 s exposed, 1 s under compute, 2 s idle: the bubble
+    ChipsTime(chips='', compute_s=2.0, comm_s=2.0, under_compute_s=1.0, exposed_s=1.0, bubble_s=2.0)
+    """
+    compute = _union([(b.start, b.end) for b in bars if b.is_compute])
+    comm = [(b.start, b.end) for b in bars if not b.is_compute and b.seconds > 0]
+    busy = sum(b.seconds for b in bars if b.is_compute)
+    under = sum(_overlap(start, end, compute) for start, end in comm)
+    exposed = sum(end - start - _overlap(start, end, compute) for start, end in _union(comm))
+    return ChipsTime(
+        chips, busy, sum(end - start for start, end in comm), min(under, exposed + under), exposed,
+        max(0.0, step_s - busy - exposed),
+    )  # fmt: skip
+
+
+def busiest(times: Sequence[ChipsTime]) -> ChipsTime:
+    """The chips with the most compute; among stages within a billionth of it (equal stages,
+    their sums rounded apart), the most communication, then the most exposed."""
+    if not times:
+        return ChipsTime("", 0.0, 0.0, 0.0, 0.0, 0.0)
+    top = max(t.compute_s for t in times)
+    tied = [t for t in times if t.compute_s >= top * (1 - 1e-9)]
+    return max(tied, key=lambda t: (t.comm_s, t.exposed_s))
+
+
+def _union(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint intervals covering the same time as ``spans``."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _overlap(start: float, end: float, disjoint: Sequence[tuple[float, float]]) -> float:
+    """Seconds of ``[start, end)`` inside the sorted, disjoint intervals ``disjoint``."""
+    k = max(0, bisect.bisect_right(disjoint, (start, float("inf"))) - 1)
+    total = 0.0
+    while k < len(disjoint) and disjoint[k][0] < end:
+        total += max(0.0, min(end, disjoint[k][1]) - max(start, disjoint[k][0]))
+        k += 1
+    return total
+
+
 @dataclass
 class Timeline:
     """Bars of one chip's step, with totals; ``text()`` and ``plot()`` draw it."""
@@ -96,23 +168,34 @@ class Timeline:
     step_s: float
     overlap: bool
     title: str = ""
+    _chips: tuple[list[Bar], ChipsTime] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def chips(self) -> ChipsTime:
+        """The set of chips whose step the totals describe: the busiest compute (then the most
+        communication, when stages tie); every chip's when all run the same steps."""
+        if self._chips is None or self._chips[0] is not self.bars:
+            self._chips = (self.bars, busiest(self.per_chips()))
+        return self._chips[1]
+
+    def per_chips(self) -> list[ChipsTime]:
+        """Each set of chips' step (one per pipeline stage; one for all chips without one)."""
+        return [chips_time(g, bars, self.step_s) for g, bars in _by_chips(self.bars).items()]
 
     @property
     def compute_s(self) -> float:
         """Busy time of the compute stream (of the busiest chips when chips run different steps)."""
-        return max(
-            (sum(b.seconds for b in bars if b.is_compute) for bars in _by_chips(self.bars).values()), default=0.0
-        )
+        return self.chips.compute_s
 
     @property
     def comm_s(self) -> float:
-        """Sum of every collective's time (what the step pays with no overlap)."""
-        return sum(b.seconds for b in self.bars if not b.is_compute)
+        """Sum of the chips' collectives' times (what the step pays with no overlap)."""
+        return self.chips.comm_s
 
     @property
     def comm_exposed_s(self) -> float:
-        """Time the step spends with compute idle, waiting for communication."""
-        return max(0.0, self.step_s - self.compute_s)
+        """Time the step spends with compute idle, waiting for one of its chips' collectives."""
+        return self.chips.exposed_s
 
     @property
     def comm_hidden_s(self) -> float:
@@ -121,10 +204,16 @@ class Timeline:
 
     @property
     def comm_under_compute_s(self) -> float:
-        """Communication that runs while its chips compute: the sum of every collective's
-        ``hidden``. Unlike ``comm_hidden_s`` it leaves out a collective that only overlaps
-        another collective (FSDP+TP's X and Y rings at once, with compute idle)."""
-        return sum(b.hidden for b in self.bars if not b.is_compute)
+        """Communication that runs while its chips compute. Unlike ``comm_hidden_s`` it leaves
+        out a collective that only overlaps another collective (FSDP+TP's X and Y rings at
+        once, with compute idle)."""
+        return self.chips.under_compute_s
+
+    @property
+    def bubble_s(self) -> float:
+        """Time the chips' compute is idle with none of their collectives running: a pipeline
+        stage waiting for another stage's work (0 when every chip runs every step)."""
+        return self.chips.bubble_s
 
     def comm_parts(self) -> dict[str, float]:
         """``comm_s`` split in seconds: ``"under compute"``, ``"behind other comm"`` (running
