@@ -108,6 +108,15 @@ class Estimate:
 
     @property
     def bubble_s(self) -> float:
+        """Seconds the chips' compute is idle with none of their collectives running: the
+        pipeline's bubble on its busiest stage (0 without a pipeline).
+
+        >>> from shardsim import Mesh
+        >>> from shardsim.cost import estimate
+        >>> e = estimate("pp", Mesh(Z=4), "h100", 32768, 4096, 16384, layers=8)
+        >>> round(e.compute_s + e.comm_exposed_s + e.bubble_s - e.step_s, 12), e.comm_exposed_s <= e.comm_s
+        (0.0, True)
+        """
         return self.timeline.bubble_s
 
     @property

@@ -131,7 +131,11 @@ def chips_time(chips: str, bars: Sequence[Bar], step_s: float) -> ChipsTime:
 
 def busiest(times: Sequence[ChipsTime]) -> ChipsTime:
     """The chips with the most compute; among stages within a billionth of it (equal stages,
-    their sums rounded apart), the most communication, then the most exposed."""
+    their sums rounded apart), the most communication, then the most exposed.
+
+    >>> busiest([ChipsTime("Z0", 2.0, 0.1, 0.1, 0.0, 1.0), ChipsTime("Z1", 2.0, 0.2, 0.1, 0.1, 0.9)]).chips
+    'Z1'
+    """
     if not times:
         return ChipsTime("", 0.0, 0.0, 0.0, 0.0, 0.0)
     top = max(t.compute_s for t in times)
