@@ -8,8 +8,8 @@ describe: ``comm_exposed_s <= comm_s``, ``comm_hidden_s + comm_exposed_s == comm
 The pipeline case is held to its schedule worked by hand. ``pp`` on ``Mesh(Z=4)`` with
 ``batch=32768``, ``D=4096``, ``F=16384``, 8 layers: 2 layers a stage, the per-chip batch the
 whole 32768 rows cut into the default 8 microbatches of ``b = 4096`` (the largest divisor not
-above twice the stages), under 1F1B (p = 4, m = 8). At the ideal rates on the H100 (989.5e12
-FLOP/s is not it: the preset's 990e12 bf16 peak; NVLink 450 GB/s a direction):
+above twice the stages), under 1F1B (p = 4, m = 8). At the ideal rates on the H100 (the
+preset's bf16 peak 990e12 FLOP/s; NVLink 450 GB/s a direction):
 
 - a stage's forward of one microbatch is 2 layers x 2 matmuls of ``2 b D F`` FLOPs,
   ``t_f = 4 · 2bDF / 990e12``, its backward twice that, ``t_b = 2 t_f``;
