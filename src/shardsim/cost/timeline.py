@@ -172,19 +172,19 @@ class Timeline:
     step_s: float
     overlap: bool
     title: str = ""
-    _chips: tuple[list[Bar], ChipsTime] | None = field(default=None, init=False, repr=False, compare=False)
+    _chips: tuple[list[Bar], list[ChipsTime]] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def chips(self) -> ChipsTime:
         """The set of chips whose step the totals describe: the busiest compute (then the most
         communication, when stages tie); every chip's when all run the same steps."""
-        if self._chips is None or self._chips[0] is not self.bars:
-            self._chips = (self.bars, busiest(self.per_chips()))
-        return self._chips[1]
+        return busiest(self.per_chips())
 
     def per_chips(self) -> list[ChipsTime]:
         """Each set of chips' step (one per pipeline stage; one for all chips without one)."""
-        return [chips_time(g, bars, self.step_s) for g, bars in _by_chips(self.bars).items()]
+        if self._chips is None or self._chips[0] is not self.bars:  # the bars are set once; computed once
+            self._chips = (self.bars, [chips_time(g, bars, self.step_s) for g, bars in _by_chips(self.bars).items()])
+        return list(self._chips[1])
 
     @property
     def compute_s(self) -> float:
