@@ -69,10 +69,8 @@ def chips_time(chips: str, bars: Sequence[Span], step_s: float) -> ChipsTime:
     busy = sum(b.seconds for b in bars if b.is_compute)
     under = sum(_overlap(start, end, compute) for start, end in comm)
     exposed = sum(end - start - _overlap(start, end, compute) for start, end in _union(comm))
-    return ChipsTime(
-        chips, busy, sum(end - start for start, end in comm), min(under, exposed + under), exposed,
-        max(0.0, step_s - busy - exposed),
-    )  # fmt: skip
+    idle = max(0.0, step_s - busy - exposed)
+    return ChipsTime(chips, busy, sum(end - start for start, end in comm), under, exposed, idle)
 
 
 def busiest(times: Sequence[ChipsTime]) -> ChipsTime:
