@@ -72,7 +72,8 @@ def by_collective(tl: Timeline) -> list[dict[str, Any]]:
 def by_layer(tl: Timeline) -> list[dict[str, Any]]:
     """Per (layer, phase): compute and comm seconds, and ``exposed_s``, the time the compute
     stream waited before that layer's matmuls (the wait after the last matmul goes to the
-    layer of the last collective). The ``exposed_s`` add up to ``tl.comm_exposed_s``."""
+    layer of the last collective). When every chip runs every step the ``exposed_s`` add up to
+    ``tl.comm_exposed_s``; across a pipeline's stages they are the moments no stage computes."""
     rows: dict[tuple[int, str], dict[str, Any]] = {}
 
     def row(layer: int, phase: str) -> dict[str, Any]:

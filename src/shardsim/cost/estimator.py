@@ -50,7 +50,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import ArgumentTypeError, ShardsimError
+from ..errors import ArgumentTypeError, CostModelError, ShardsimError
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..models.mlp import MLP
@@ -83,6 +83,7 @@ def estimate(
     pad: bool = False,
     optimizer: str = "adam",
     precision: str | None = None,
+    policy: str | None = None,
     batch_tokens: int | str | None = None,
     seq: int | None = None,
     chips: int | None = None,
@@ -94,8 +95,9 @@ def estimate(
     name (``"llama3-70b"``) or an :class:`~shardsim.models.MLP` is that model under ``plan`` (a
     :class:`~shardsim.plans.Plan` or its string), estimated by
     :func:`~shardsim.cost.model_estimate.estimate_model` with ``batch_tokens``, ``seq``,
-    ``chips`` and the options all share (``links``, ``topology``, ``efficiency``,
-    ``optimizer``, ``precision``, ``overlap``, ``prefetch``, ``dtype``); a registered scheme
+    ``chips``, a byte ``policy`` (:mod:`shardsim.training.policies`: a transformer's optimizer
+    and precision in one name) and the options all share (``links``, ``topology``,
+    ``efficiency``, ``optimizer``, ``precision``, ``overlap``, ``prefetch``, ``dtype``); a registered scheme
     name (``"fsdp"``...) is the MLP of the seeds on ``mesh`` with ``d_model``, ``d_ff`` and
     ``layers`` under the scheme's plan (:func:`~shardsim.cost.scheme_estimate.estimate_scheme`).
 
@@ -130,8 +132,14 @@ def estimate(
                 + (f" (got {wrong})" if wrong else "")
             )
         plan: Any = mesh
-        return estimate_model(scheme, plan, hardware, batch_tokens=batch_tokens, seq=seq, chips=chips, **shared)
+        return estimate_model(
+            scheme, plan, hardware, batch_tokens=batch_tokens, seq=seq, chips=chips, policy=policy, **shared
+        )
     check_scheme_arguments(scheme, mesh, batch, d_model, d_ff, batch_tokens, seq, chips)
+    if policy is not None:
+        raise CostModelError(
+            f"policy={policy!r}: a byte policy is the transformer's; a scheme's MLP takes optimizer and precision"
+        )
     from .scheme_estimate import estimate_scheme
 
     assert isinstance(scheme, str) and not isinstance(mesh, (Plan, str))

@@ -46,8 +46,9 @@ def gantt_text(tl: Timeline, width: int = 100) -> str:
     scale, unit = _unit(step)
     lines = [tl.title + f": step {_num(step * scale)} {unit}" if tl.title else f"step {_num(step * scale)} {unit}"]
     parts = ", ".join(f"{_num(v * scale)} {k}" for k, v in tl.comm_parts().items() if v or k != "behind other comm")
+    bubble = f"; bubble {_num(tl.bubble_s * scale)} {unit}" if tl.bubble_s > 1e-9 * step else ""
     lines.append(
-        f"compute {_num(tl.compute_s * scale)} {unit}, comm {_num(tl.comm_s * scale)} {unit}: {parts}"
+        f"compute {_num(tl.compute_s * scale)} {unit}, comm {_num(tl.comm_s * scale)} {unit}: {parts}{bubble}"
         + ("" if tl.overlap else " (no overlap)")
     )
     if step <= 0:
@@ -162,6 +163,7 @@ def _title(tl: Timeline) -> str:
         f"{tl.title}  step {_num(tl.step_s * scale)} {unit}: compute {_num(tl.compute_s * scale)}, "
         f"comm {_num(tl.comm_s * scale)} (hidden {_num(tl.comm_hidden_s * scale)}, "
         f"exposed {_num(tl.comm_exposed_s * scale)})"
+        + (f", bubble {_num(tl.bubble_s * scale)}" if tl.bubble_s > 1e-9 * tl.step_s else "")
     )
 
 

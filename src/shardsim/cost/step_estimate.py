@@ -37,8 +37,11 @@ from .timeline import Timeline
 class Estimate:
     """One step's estimate. Times in seconds, memory in bytes per chip.
 
-    ``comm_s`` sums every collective; ``comm_exposed_s`` is the part the step waits for,
-    ``comm_hidden_s`` the part hidden under compute (or under other collectives).
+    ``comm_s`` sums every collective of the chips' step; ``comm_exposed_s`` is the part the
+    step waits for, ``comm_hidden_s`` the part hidden under compute (or under other
+    collectives); ``bubble_s`` the rest of the step the compute is idle, a pipeline's bubble,
+    so ``step_s = compute_s + comm_exposed_s + bubble_s`` (a pipeline's figures are its busiest
+    stage's, :attr:`~shardsim.cost.Timeline.chips`).
     ``phases`` gives compute and comm seconds per phase; ``breakdown()`` the per-collective
     or per-layer rows; ``timeline`` the bars (``.text()``, ``.plot()``). ``efficiency`` is
     the mode it was timed in; ``padding`` maps a padded size to (given, padded). ``model``
@@ -104,6 +107,19 @@ class Estimate:
         return self.timeline.comm_hidden_s
 
     @property
+    def bubble_s(self) -> float:
+        """Seconds the chips' compute is idle with none of their collectives running: the
+        pipeline's bubble on its busiest stage (0 without a pipeline).
+
+        >>> from shardsim import Mesh
+        >>> from shardsim.cost import estimate
+        >>> e = estimate("pp", Mesh(Z=4), "h100", 32768, 4096, 16384, layers=8)
+        >>> round(e.compute_s + e.comm_exposed_s + e.bubble_s - e.step_s, 12), e.comm_exposed_s <= e.comm_s
+        (0.0, True)
+        """
+        return self.timeline.bubble_s
+
+    @property
     def model_flops(self) -> float:
         """Model FLOPs per step over all chips. An MLP's: 12 B D F per layer (forward 4,
         backward 8). A transformer's: the trace's matmul FLOPs in the forward and backward
@@ -156,17 +172,16 @@ class Estimate:
 
     @property
     def bubble(self) -> float:
-        """The pipeline bubble: the stages' mean fraction of the step their compute is idle
-        (0 without a pipeline). Compare (p-1)/(m+p-1), or (p-1)/(v·m+p-1) interleaved."""
+        """The pipeline bubble: the stages' mean fraction of the step their compute is idle with
+        none of their collectives running (0 without a pipeline); a stage's wait for its own
+        collectives is its exposed communication instead. Compare (p-1)/(m+p-1), or
+        (p-1)/(v·m+p-1) interleaved."""
         if self.plan.pp == 1 or self.step_s <= 0:
             return 0.0
-        busy: dict[str, float] = {}
-        for b in self.timeline.bars:
-            if b.is_compute and b.where:
-                busy[b.where] = busy.get(b.where, 0.0) + b.seconds
-        if not busy:
+        stages = [t for t in self.timeline.per_chips() if t.chips]
+        if not stages:
             return 0.0
-        return 1.0 - sum(busy.values()) / (len(busy) * self.step_s)
+        return sum(t.bubble_s for t in stages) / (len(stages) * self.step_s)
 
     @property
     def bubble_closed_form(self) -> float:
@@ -251,10 +266,17 @@ class Estimate:
         return f"{phase} {link} {ms(excess + flops)} ms {sign} FLOPs {ms(flops)} ms in the worst phase and axis"
 
     def comm_words(self) -> str:
-        """The step's line of times: step, compute, comm and how the comm splits."""
+        """The step's line of times: step, compute, comm and how the comm splits, and the
+        pipeline's bubble when there is one (the three add up to the step)."""
         parts = self.timeline.comm_parts()
         comm = ", ".join(f"{k} {ms(v)}" for k, v in parts.items() if v or k != "behind other comm")
-        return f"step {ms(self.step_s)} ms: compute {ms(self.compute_s)} ms, comm {ms(self.comm_s)} ms ({comm})"
+        line = f"step {ms(self.step_s)} ms: compute {ms(self.compute_s)} ms, comm {ms(self.comm_s)} ms ({comm})"
+        return line + (f", bubble {ms(self.bubble_s)} ms" if self.has_bubble else "")
+
+    @property
+    def has_bubble(self) -> bool:
+        """Whether the step has a bubble worth printing (above a billionth of the step)."""
+        return self.bubble_s > 1e-9 * self.step_s
 
     def summary(self) -> str:
         """A few lines: step, compute, comm (under compute / behind other comm / exposed), MFU,
@@ -332,6 +354,7 @@ class Estimate:
             ("compute", f"{ms(self.compute_s)} ms"),
             ("comm", f"{ms(self.comm_s)} ms"),
             *((f"comm {k}", f"{ms(v)} ms") for k, v in parts.items() if v or k != "behind other comm"),
+            *([("bubble", f"{ms(self.bubble_s)} ms")] if self.has_bubble else []),
             ("MFU", f"{self.mfu:.1%}"),
             ("bound", f"{self.bound}-bound"),
             *memory,

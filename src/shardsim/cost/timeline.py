@@ -9,9 +9,12 @@ as the book assumes for FSDP+TP). ``overlap=False`` runs everything one after th
 ``efficiency`` (:mod:`~shardsim.cost.efficiency`) times matmuls and collectives at the
 book's ideal rates or at the chip's measured ones.
 
-``comm_exposed_s`` is the time the compute stream waits; ``comm_hidden_s = comm_s -
-comm_exposed_s`` is the communication the step does not pay for, so turning overlap off
-lengthens the step by exactly ``comm_hidden_s``.
+``comm_exposed_s`` is the time the compute stream waits with a collective of its chips
+running; ``comm_hidden_s = comm_s - comm_exposed_s`` is the communication the step does not pay
+for, so turning overlap off lengthens the step by exactly ``comm_hidden_s``. When chips run
+different steps (pipeline stages, :class:`ChipsTime`), the figures are one set of chips' (the
+busiest), and the time their compute sits idle with none of their collectives running is the
+pipeline's ``bubble_s``: ``step_s = compute_s + comm_exposed_s + bubble_s``.
 
 >>> from shardsim import Mesh
 >>> from shardsim.cost import build_timeline, get_hardware, place, scheme_program
@@ -30,7 +33,7 @@ import bisect
 import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..dtypes import resolve_dtype
@@ -45,6 +48,7 @@ from .presets import get_hardware
 from .program import Step, trace_steps
 from .roofline import matmul_time
 from .schedule import Slot, schedule
+from .split import ChipsTime, busiest, chips_time
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -96,23 +100,34 @@ class Timeline:
     step_s: float
     overlap: bool
     title: str = ""
+    _chips: tuple[list[Bar], list[ChipsTime]] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def chips(self) -> ChipsTime:
+        """The set of chips whose step the totals describe: the busiest compute (then the most
+        communication, when stages tie); every chip's when all run the same steps."""
+        return busiest(self.per_chips())
+
+    def per_chips(self) -> list[ChipsTime]:
+        """Each set of chips' step (one per pipeline stage; one for all chips without one)."""
+        if self._chips is None or self._chips[0] is not self.bars:  # the bars are set once; computed once
+            self._chips = (self.bars, [chips_time(g, bars, self.step_s) for g, bars in _by_chips(self.bars).items()])
+        return list(self._chips[1])
 
     @property
     def compute_s(self) -> float:
         """Busy time of the compute stream (of the busiest chips when chips run different steps)."""
-        return max(
-            (sum(b.seconds for b in bars if b.is_compute) for bars in _by_chips(self.bars).values()), default=0.0
-        )
+        return self.chips.compute_s
 
     @property
     def comm_s(self) -> float:
-        """Sum of every collective's time (what the step pays with no overlap)."""
-        return sum(b.seconds for b in self.bars if not b.is_compute)
+        """Sum of the chips' collectives' times (what the step pays with no overlap)."""
+        return self.chips.comm_s
 
     @property
     def comm_exposed_s(self) -> float:
-        """Time the step spends with compute idle, waiting for communication."""
-        return max(0.0, self.step_s - self.compute_s)
+        """Time the step spends with compute idle, waiting for one of its chips' collectives."""
+        return self.chips.exposed_s
 
     @property
     def comm_hidden_s(self) -> float:
@@ -121,10 +136,16 @@ class Timeline:
 
     @property
     def comm_under_compute_s(self) -> float:
-        """Communication that runs while its chips compute: the sum of every collective's
-        ``hidden``. Unlike ``comm_hidden_s`` it leaves out a collective that only overlaps
-        another collective (FSDP+TP's X and Y rings at once, with compute idle)."""
-        return sum(b.hidden for b in self.bars if not b.is_compute)
+        """Communication that runs while its chips compute. Unlike ``comm_hidden_s`` it leaves
+        out a collective that only overlaps another collective (FSDP+TP's X and Y rings at
+        once, with compute idle)."""
+        return self.chips.under_compute_s
+
+    @property
+    def bubble_s(self) -> float:
+        """Time the chips' compute is idle with none of their collectives running: a pipeline
+        stage waiting for another stage's work (0 when every chip runs every step)."""
+        return self.chips.bubble_s
 
     def comm_parts(self) -> dict[str, float]:
         """``comm_s`` split in seconds: ``"under compute"``, ``"behind other comm"`` (running

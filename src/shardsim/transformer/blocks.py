@@ -25,7 +25,8 @@ AllReduce per half-block each way, TP+SP one AllGather and one ReduceScatter. We
 gradients are sums over the chip's tokens: partial over the data axis, reduced by the caller.
 
 Recomputation: ``selective`` stores Q, K, V but not P, its dropout mask or Pd, and
-recomputes steps 5-6 of attention in the backward pass (trace phase ``recompute``);
+recomputes steps 5-6 of attention in the backward pass (trace phase ``recompute``): Q K^T,
+the softmax, the dropout and the product with V, the core-attention forward Megatron-LM reruns;
 ``full`` is :func:`layer_forward` again from the block input (see :mod:`.run`).
 
 Under ``attention=flash`` (and always under context parallelism) steps 5-6 are FlashAttention
@@ -197,12 +198,18 @@ def _core_backward(
     cfg = step.cfg
     groups = cfg.heads // step.kv_heads
     q, k, v = saved["Q"], saved["K"], saved["V"]
-    if "P" in saved:
-        p, mask_p, pd = saved["P"], saved.get("mask attn_probs"), saved["Pd"]
-    else:  # selective recomputation of the attention core
+    recompute = "P" not in saved  # selective recomputation of the attention core
+    if recompute:
         with phase("recompute"):
             p, mask_p, pd = _core(step, i, q, k, v)
+    else:
+        p, mask_p, pd = saved["P"], saved.get("mask attn_probs"), saved["Pd"]
     vt = repeat_kv(heads_first(v), groups)
+    if recompute:  # Megatron-LM reruns the whole core-attention forward (Korthikanti et al. 2022,
+        # Section 5), its product with V too, though the output C is stored for Wo's gradient
+        with phase("recompute"):
+            again = pd @ vt
+            del again
     dv = fold_kv(pd.transpose(0, 1, 3, 2) @ dc, groups)  # 6. dV = Pd^T dC
     dpd = dc @ vt.transpose(0, 1, 3, 2)  # dPd = dC V^T
     del vt, pd, dc
