@@ -32,7 +32,7 @@ from shardsim import cli, errors
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
 README = PAGE.parents[1] / "README.md"
 
-EXAMPLES = 45  # every example on the page; a new one needs its line in SETUP or INSTEAD if the prose sets it up
+EXAMPLES = 46  # every example on the page; a new one needs its line in SETUP or INSTEAD if the prose sets it up
 
 # what the prose around an example sets up, as statements run before the example's code
 PARAMS = 'params = reference.init(get("gpt-tiny"))'
