@@ -105,8 +105,8 @@ class Layer:
 
 def _extend(values: Sequence[int], layers: int) -> int:
     """A figure at ``layers`` layers from its values at one, two and three: as traced up to
-    three, beyond on the line through two and three (each layer past the first adds the same:
-    a peak set by the embedding or the head at one layer is a layer's from two on).
+    three, beyond on the line through two and three (from two layers on each layer adds the
+    same; at one layer a peak may be the embedding's or the head's instead of a layer's).
 
     >>> _extend([10, 14, 17], 2), _extend([10, 14, 17], 5)
     (14, 23)
