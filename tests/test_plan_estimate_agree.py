@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +21,9 @@ from shardsim import cli, cost
 from shardsim.cost.model_steps import accumulated, is_sync, model_program
 from shardsim.cost.timeline import build_timeline
 from shardsim.models import TransformerConfig, get
-from shardsim.planner import plan
+from shardsim.planner import Candidate, plan
+from shardsim.planner.evaluate import evaluate
+from shardsim.planner.program import LayerCache
 from shardsim.plans import Plan
 
 KEYS = ("params", "grads", "optimizer", "activations", "total")
@@ -122,3 +125,17 @@ def test_a_mixture_of_experts_accumulates_and_reduces_its_experts_once() -> None
     one = model_program(cfg, Plan(dp=2, ep=2), 4 * cfg.seq, cfg.seq)
     experts = [s.event.label for s in one.steps if is_sync(s.event, params) and "expert" not in s.event.axes]
     assert {"dw_in", "dw_out"} <= set(experts), experts
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pipelines: the planner's clock runs whole schedule items with the embedding charged to the last "
+    "stage, and its stash is the schedule's in-flight count times one layer's; the traced pipeline's ledger "
+    "(the estimate's memory, equal to the full trace) holds more activations on the first stage",
+)
+def test_a_pipelined_plan_estimates_to_the_planners_figures() -> None:
+    cfg, seq = get("llama-tiny").scaled(layers=8), 16
+    p = Plan.parse("dp=2,tp=2,pp=2,microbatches=4")
+    r = evaluate(LayerCache(cfg, "h100", seq=seq), Candidate(p, 1, 8))
+    e = cost.estimate(cfg, p, "h100", batch_tokens=8 * seq, seq=seq)
+    assert not _disagree(r, e), _disagree(r, e)
