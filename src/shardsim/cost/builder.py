@@ -125,6 +125,8 @@ def memory_of(
     from .model_steps import check_batch, model_memory_ledger
 
     b, s = check_batch(model, plan, batch_tokens, seq)
+    if plan.pp == 1 and plan.microbatches > 1:  # gradient accumulation: each chip holds one microbatch's step
+        plan, b = plan.replace(microbatches=1), b // plan.microbatches
     return model_memory_ledger(model, plan, b, s, optimizer, precision, policy)
 
 

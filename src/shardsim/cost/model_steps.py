@@ -12,6 +12,11 @@ layer (and microbatch) it reads in the real program. The result equals the full 
 for event (op, axes, bytes, FLOPs, phase, layer, item, where; tested for small models,
 pipelines included) and schedules to the same time line.
 
+Without a pipeline a plan's ``microbatches`` is gradient accumulation: the program is one
+microbatch's, repeated (:func:`accumulated`), its gradient reductions over the data and
+context axes once, after the last, as the planner assembles the same step
+(:mod:`shardsim.planner.evaluate`).
+
 A shallow trace is cached by everything that changes it (the model's sizes, the plan, the
 microbatch size, the sequence, the dtype), and so is each whole program, so a planner that
 estimates thousands of plans traces each distinct layer once.
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,8 +87,8 @@ def check_batch(cfg: TransformerConfig, plan: Plan, batch_tokens: int, seq: int 
         raise DivisibilityError(f"seq={s} is longer than the model's context {cfg.seq}; use seq <= {cfg.seq}")
     if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
         raise DivisibilityError(f"batch_tokens must be a positive whole number, got {batch_tokens!r}")
-    pieces = plan.dp * (plan.microbatches if plan.pp > 1 else 1)
-    what = f"dp={plan.dp}" + (f" x microbatches={plan.microbatches}" if plan.pp > 1 else "")
+    pieces = plan.dp * plan.microbatches  # a pipeline's microbatches, or gradient accumulation's
+    what = f"dp={plan.dp}" + (f" x microbatches={plan.microbatches}" if plan.microbatches > 1 else "")
     if batch_tokens % s:
         raise DivisibilityError(
             f"batch of {batch_tokens} tokens is not a whole number of sequences of {s}; "
@@ -165,7 +170,7 @@ def check_work(cfg: TransformerConfig, plan: Plan) -> None:
     ...
     shardsim.errors.CostModelError: layers=16384 x microbatches=16: the whole-model program times every op of ...
     """
-    m = plan.microbatches if plan.pp > 1 else 1
+    m = plan.microbatches
     if cfg.layers * m > MAX_LAYER_ITEMS:
         what = f"layers={cfg.layers}" + (f" x microbatches={m}" if m > 1 else "")
         raise CostModelError(
@@ -227,6 +232,14 @@ def model_program(
 
 @functools.lru_cache(maxsize=4096)
 def _program(cfg: TransformerConfig, plan: Plan, batch: int, seq: int, dtype: str) -> ModelProgram:
+    if plan.pp == 1 and plan.microbatches > 1:  # gradient accumulation: one microbatch's program, m times
+        m = plan.microbatches
+        one = _program(cfg, plan.replace(microbatches=1), batch // m, seq, dtype)
+        repeated = accumulated(one.steps, m, frozenset(cfg.param_shapes()))
+        return ModelProgram(
+            str(plan), one.mesh, repeated, cfg.layers, one.memory,
+            cfg=cfg, plan=plan, batch=batch, seq=seq, dtype=dtype, traced_layers=one.traced_layers,
+        )  # fmt: skip
     chunks = plan.pp * plan.virtual_stages
     per_chunk = cfg.layers // chunks
     m = plan.microbatches if plan.pp > 1 else 1
@@ -244,6 +257,58 @@ def _program(cfg: TransformerConfig, plan: Plan, batch: int, seq: int, dtype: st
         str(plan), template.mesh, steps, cfg.layers, template.memory,
         cfg=cfg, plan=plan, batch=batch, seq=seq, dtype=dtype, traced_layers=small.layers,
     )  # fmt: skip
+
+
+def is_sync(e: Event, params: Collection[str]) -> bool:
+    """A parameter's gradient reduction over the data or context axis (it runs once per step,
+    after the accumulation, not per microbatch). ``params`` are the parameter names; a
+    context-parallel step also reduce-scatters activation gradients (``dK``), every microbatch.
+
+    >>> e = Event(0, "all_reduce", ("context",), "dlayers.0.mlp.w_in", (), "", "backward")
+    >>> dk = Event(1, "reduce_scatter", ("context",), "dK", (), "", "backward")
+    >>> moe = Event(2, "all_reduce", ("data", "expert"), "dw_in", (), "", "backward")
+    >>> is_sync(e, {"layers.0.mlp.w_in"}), is_sync(dk, {"layers.0.mlp.w_in"}), is_sync(moe, {"layers.0.moe.w_in"})
+    (True, False, True)
+    """
+    return (
+        e.phase == "backward"
+        and e.op in ("all_reduce", "reduce_scatter")
+        and e.label.startswith("d")
+        and (e.label[1:] in params or e.label[1:] in _leaves(frozenset(params)))
+        and any(a in ("data", "context") for a in e.axes)
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _leaves(params: frozenset[str]) -> frozenset[str]:
+    """The parameters' last names (``w_in`` of ``layers.0.moe.w_in``): a mixture of experts
+    labels its weights' gradient reductions by them."""
+    return frozenset(p.rsplit(".", 1)[-1] for p in params)
+
+
+def accumulated(steps: Sequence[Step], m: int, params: Collection[str]) -> list[Step]:
+    """Gradient accumulation without a pipeline: one microbatch's steps ``m`` times, one after
+    another, the gradient reductions over the data and context axes (:func:`is_sync`) in the
+    last copy only, after which the optimizer reads the summed gradients. Each earlier copy
+    writes fresh value ids and reads the weights and the tokens as the first does.
+
+    >>> e = Event(0, "matmul", (), "A @ w", (), "", "forward", inputs=(1,), output=2)
+    >>> r = Event(1, "all_reduce", ("data",), "dw", (), "", "backward", inputs=(2,), output=3)
+    >>> steps = [Step(e, 0, (1,), 2), Step(r, 0, (2,), 3)]
+    >>> [(s.event.op, s.inputs, s.output) for s in accumulated(steps, 2, {"w"})]
+    [('matmul', (1,), 4), ('matmul', (1,), 2), ('all_reduce', (2,), 3)]
+    """
+    out: list[Step] = []
+    fresh = max((max(s.output, *s.inputs) for s in steps), default=0) + 1
+    for _ in range(m - 1):
+        ids: dict[int, int] = {}
+        for s in steps:
+            if is_sync(s.event, params):
+                continue
+            ids[s.output] = fresh
+            out.append(Step(s.event, s.layer, tuple(ids.get(v, v) for v in s.inputs), fresh))
+            fresh += 1
+    return [*out, *steps]
 
 
 def _template_microbatches(plan: Plan) -> int:

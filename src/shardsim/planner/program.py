@@ -2,13 +2,15 @@
 
 A plan's step is its layers' step repeated, plus the embedding and the LM head. So the
 planner runs the training step (:class:`~shardsim.training.model_trainer.ModelTrainer`:
-``run_model``, then the optimizer update) shape-only at one layer and at two layers under
+``run_model``, then the optimizer update) shape-only at one, two and three layers under
 the plan's layer sharding (data, ZeRO stage, tensor, sequence and context parallelism,
-recomputation, the microbatch) and reads every quantity as the difference of the two runs
-(one layer) and the remainder (the embedding and head): times from the time line of the
-forward and backward passes (:mod:`shardsim.cost.timeline`, on the plan's own placement),
-bytes from the mesh's ledger, the optimizer state (master weights and moments, as the byte
-policy keeps them) among them. Plans that share a layer sharding
+recomputation, the microbatch). Times come from the time line of the forward and backward
+passes (:mod:`shardsim.cost.timeline`, on the plan's own placement): one layer's is the
+difference of the runs at one and two layers, the embedding and head's the remainder. Bytes
+come from the mesh's ledger, the optimizer state (master weights and moments, as the byte
+policy keeps them) among them: as traced up to three layers, beyond on the line through two
+and three (at one layer a peak may be the embedding's or the head's rather than a layer's,
+as a ZeRO-2 step's gradient buffers are). Plans that share a layer sharding
 (the same layer at a different pipeline depth, schedule or placement) share the trace;
 :class:`LayerCache` holds them. The steps themselves are the cost model's shape-only training
 steps (:func:`~shardsim.training.traced.trained_step`), which
@@ -32,7 +34,7 @@ per microbatch.
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +42,7 @@ from ..array import ShapeDtype, shard
 from ..collectives import ppermute
 from ..cost.efficiency import Efficiency, resolve_efficiency
 from ..cost.hardware import Hardware
-from ..cost.model_steps import recorded_steps
+from ..cost.model_steps import is_sync, recorded_steps
 from ..cost.placement import AxisLink, Placement, place
 from ..cost.presets import get_hardware
 from ..cost.program import chips_running, trace_steps
@@ -72,40 +74,46 @@ class Times:
 
 @dataclass(frozen=True)
 class Layer:
-    """What the planner reads off a layer sharding's two traces (see the module doc).
+    """What the planner reads off a layer sharding's traces (see the module doc).
 
-    ``per_layer``/``edge``: :class:`Times` of one layer and of the embedding with the head;
-    ``peak1``/``peak2``: each category's per-chip peak bytes at one and two layers (and
-    ``"total"``) over the training step; ``state1``/``state2``: the model state (``params``,
-    ``grads``, ``optimizer``) live between the backward pass and the update; ``stored``:
-    bytes one layer keeps for the backward pass per microbatch; ``flops``: one microbatch's
-    model FLOPs per chip at one and two layers (the forward and backward matmuls,
-    recomputation left out, as MFU counts them); ``timeline``: the two-layer program's time
-    line (the picture of the layer's step).
+    ``per_layer``/``edge``: :class:`Times` of one layer and of the embedding with the head
+    (from the runs at one and two layers); ``peaks``: each category's per-chip peak bytes
+    (and ``"total"``) over the training step at one, two and three layers; ``states``: the
+    model state (``params``, ``grads``, ``optimizer``) live between the backward pass and the
+    update at the same depths; ``stored``: bytes one layer keeps for the backward pass per
+    microbatch; ``flops``: one microbatch's model FLOPs per chip at one and two layers (the
+    forward and backward matmuls, recomputation left out, as MFU counts them);
+    ``timeline``: the two-layer program's time line (the picture of the layer's step).
     """
 
     per_layer: Times
     edge: Times
-    peak1: dict[str, int]
-    peak2: dict[str, int]
+    peaks: tuple[dict[str, int], ...]
     stored: int
     flops: tuple[int, int]
     timeline: Timeline
-    state1: dict[str, int]
-    state2: dict[str, int]
+    states: tuple[dict[str, int], ...]
 
     def bytes_at(self, category: str, layers: int) -> int:
-        """The category's per-chip peak over the step with ``layers`` layers, extended from the two traces."""
-        return _extend(self.peak1.get(category, 0), self.peak2.get(category, 0), layers)
+        """The category's per-chip peak over the step with ``layers`` layers, extended from the traces."""
+        return _extend([p.get(category, 0) for p in self.peaks], layers)
 
     def state_at(self, category: str, layers: int) -> int:
         """The category's model state between the backward pass and the update with ``layers`` layers."""
-        return _extend(self.state1.get(category, 0), self.state2.get(category, 0), layers)
+        return _extend([p.get(category, 0) for p in self.states], layers)
 
 
-def _extend(one: int, two: int, layers: int) -> int:
-    """A figure at ``layers`` layers from its values at one and two (each layer adds the same)."""
-    return int(one + (layers - 1) * (two - one))
+def _extend(values: Sequence[int], layers: int) -> int:
+    """A figure at ``layers`` layers from its values at one, two and three: as traced up to
+    three, beyond on the line through two and three (from two layers on each layer adds the
+    same; at one layer a peak may be the embedding's or the head's instead of a layer's).
+
+    >>> _extend([10, 14, 17], 2), _extend([10, 14, 17], 5)
+    (14, 23)
+    """
+    if layers <= len(values):
+        return int(values[layers - 1])
+    return int(values[-1] + (layers - len(values)) * (values[-1] - values[-2]))
 
 
 @dataclass(frozen=True)
@@ -147,25 +155,6 @@ def _at_dp(two: list[_Run], four: list[_Run], dp: int) -> list[_Run]:
         state = {k: at(r2.state.get(k, 0), r4.state.get(k, 0)) for k in r2.state}
         out.append(_Run(r2.events, peak, state, r2.stored, r2.flops))
     return out
-
-
-def is_sync(e: Event, params: Collection[str]) -> bool:
-    """A parameter's gradient reduction over the data or context axis (it runs once per step,
-    after the accumulation, not per microbatch). ``params`` are the parameter names; a
-    context-parallel step also reduce-scatters activation gradients (``dK``), every microbatch.
-
-    >>> e = Event(0, "all_reduce", ("context",), "dlayers.0.mlp.w_in", (), "", "backward")
-    >>> dk = Event(1, "reduce_scatter", ("context",), "dK", (), "", "backward")
-    >>> is_sync(e, {"layers.0.mlp.w_in"}), is_sync(dk, {"layers.0.mlp.w_in"})
-    (True, False)
-    """
-    return (
-        e.phase == "backward"
-        and e.op in ("all_reduce", "reduce_scatter")
-        and e.label.startswith("d")
-        and e.label[1:] in params
-        and any(a in ("data", "context") for a in e.axes)
-    )
 
 
 class LayerCache:
@@ -246,11 +235,11 @@ class LayerCache:
         return self._programs[(str(lp), micro)]
 
     def _trace(self, lp: Plan, micro: int) -> list[_Run]:
-        """The two shape-only training steps (one layer, two layers) of the layer program, read
-        from the cost model's shared steps (:func:`~shardsim.training.traced.trained_step`)."""
+        """The three shape-only training steps (one, two and three layers) of the layer program,
+        read from the cost model's shared steps (:func:`~shardsim.training.traced.trained_step`)."""
         self.traced += 1
         runs = []
-        for layers in (1, 2):
+        for layers in (1, 2, 3):
             cfg = self.model.scaled(layers=layers, seq=max(self.seq, self.model.seq), name="")
             tok = (lp.dp * lp.ep * micro, self.seq)
             step = trained_step(cfg, lp, lp.mesh(), tok, self.optimizer, self.precision)
@@ -264,12 +253,10 @@ class LayerCache:
         return runs
 
     def _cost(self, runs: list[_Run], pl: Placement, eff: Efficiency) -> Layer:
-        (t1, _), (t2, tl) = (self._times(r.events, pl, eff) for r in runs)
+        (t1, _), (t2, tl) = (self._times(r.events, pl, eff) for r in runs[:2])
         per = t2 - t1
-        p1, p2 = runs[0].peak, runs[1].peak
-        return Layer(
-            per, t1 - per, p1, p2, runs[0].stored, (runs[0].flops, runs[1].flops), tl, runs[0].state, runs[1].state
-        )
+        peaks, states = tuple(r.peak for r in runs), tuple(r.state for r in runs)
+        return Layer(per, t1 - per, peaks, runs[0].stored, (runs[0].flops, runs[1].flops), tl, states)
 
     def _times(self, events: Sequence[Event], pl: Placement, eff: Efficiency) -> tuple[Times, Timeline]:
         """Two time lines: the microbatch's work alone, and with the gradient reductions (the
