@@ -22,6 +22,9 @@ from test_run_model import check_against_reference
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "support.md"
 
+# the matrix below is computed once per worker that runs it: one worker runs them all (-n, --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("support_matrix")
+
 
 @pytest.fixture(scope="module")
 def cells() -> list[support.Cell]:
