@@ -104,6 +104,26 @@ def in_flight(c: Candidate) -> int:
     return _peak_in_flight(p.schedule, p.pp, p.microbatches, p.virtual_stages)
 
 
+def accumulates_beside_stash(c: Candidate) -> bool:
+    """Whether the first stage runs a forward after its first backward, so that the weight
+    gradients it sums over microbatches are live beside a full stash (1F1B or interleaved with
+    more microbatches than the stage holds; never GPipe, whose backwards all come last).
+
+    >>> from shardsim.plans import Plan
+    >>> p = Plan(pp=2, microbatches=4)
+    >>> plans = (p, p.replace(microbatches=2), p.replace(schedule="gpipe"))
+    >>> [accumulates_beside_stash(Candidate(q, 1, 4)) for q in plans]
+    [True, False, False]
+    """
+    p = c.plan
+    if p.pp == 1:
+        return False
+    first = [
+        it.kind for it in sorted(schedule_of(p.schedule, p.pp, p.microbatches, p.virtual_stages).items) if it.stage == 0
+    ]
+    return "F" in first[first.index("B") :]
+
+
 _SCHEDULES: dict[tuple[str, int, int, int], Schedule] = {}
 _IN_FLIGHT: dict[tuple[str, int, int, int], int] = {}
 

@@ -38,7 +38,7 @@ from typing import Any
 from ..cost.timeline import Timeline
 from ..plans import Plan
 from ..strategies.pipeline.schedule import Schedule, needs
-from .bounds import busiest_stage_layers, in_flight, schedule_of
+from .bounds import accumulates_beside_stash, busiest_stage_layers, in_flight, schedule_of
 from .program import Layer, LayerCache
 from .space import Candidate, stage_layers
 
@@ -160,6 +160,11 @@ def _memory(lay: Layer, c: Candidate, n: int) -> dict[str, int]:
     mem = {k: lay.bytes_at(k, n) for k in ("params", "grads", "optimizer", "activations")}
     mem["activations"] += extra
     mem["total"] = lay.bytes_at("total", n) + extra
+    if accumulates_beside_stash(c):
+        # the stage's weight gradients summed over the microbatches so far, unreduced (so whole
+        # under ZeRO-2 and 3, which shard them only when reducing): one microbatch's step never
+        # holds them beside a stash, the pipeline's steady state does
+        mem["total"] += lay.state_at("grads", n) * (c.plan.dp if c.plan.zero >= 2 else 1)
     return mem
 
 
