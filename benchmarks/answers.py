@@ -94,7 +94,7 @@ def cases(kinds: set[str]) -> list[Case]:
             ("the same with cp_max=2", "'llama3-405b', 'h100', 16384, 16 * 2**20, 8192, cp_max=2"),
             ("Llama 3 70B, 512 H100, 4M tokens at 8K", "'llama3-70b', 'h100', 512, 4 * 2**20, 8192"),
             ("Llama 3 8B, 16 H100, 1M tokens at 8K", "'llama3-8b', 'h100', 16, 2**20, 8192"),
-            ("Llama 2 7B, 64 A100, 4M tokens at 4K", "'llama2-7b', 'a100-80gb', 64, 4 * 2**20, 4096"),
+            ("Llama 2 7B, 64 A100, 4M tokens at 4K", "'llama2-7b', 'a100', 64, 4 * 2**20, 4096"),
         ]
         for label, args in searches:
             out.append(Case("planner", label, f"from shardsim.planner import plan\nplan({args}, progress=False)"))
