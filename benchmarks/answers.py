@@ -65,29 +65,21 @@ def _published() -> list[tuple[str, str, str, str, int, int, dict[str, object]]]
 def cases(kinds: set[str]) -> list[Case]:
     """Every case of ``kinds``, in the order of the module doc."""
     out: list[Case] = []
-    head = "from shardsim.models import get\n"
+    imports = {"estimate": "from shardsim.cost import estimate", "memory": "from shardsim.training import model_memory"}
+
+    def code(kind: str, call: str) -> str:
+        return f"from shardsim.models import get\n{imports[kind]}\n{call}"
+
     for label, model, plan, hw, tokens, seq, options in _published():
         opts = "".join(f", {k}={v!r}" for k, v in options.items())
         if "estimate" in kinds:
-            ask = f"estimate({model}, {plan!r}, {hw!r}, batch_tokens={{b}}, seq={seq}{opts})"
+            ask = f"estimate({model}, {plan!r}, {hw!r}, seq={seq}{opts}, batch_tokens="
             out.append(
-                Case(
-                    "estimate",
-                    label,
-                    head + "from shardsim.cost import estimate\n" + ask.replace("{b}", str(tokens)),
-                    head + "from shardsim.cost import estimate\n" + ask.replace("{b}", str(2 * tokens)),
-                )
+                Case("estimate", label, code("estimate", f"{ask}{tokens})"), code("estimate", f"{ask}{2 * tokens})"))
             )
         if "memory" in kinds:
-            batch = tokens // seq
-            ask = f"model_memory({model}, {plan!r}, batch={{b}}, seq={seq})"
-            out.append(
-                Case(
-                    "memory",
-                    label,
-                    head + "from shardsim.training import model_memory\n" + ask.replace("{b}", str(batch)),
-                )
-            )
+            call = f"model_memory({model}, {plan!r}, seq={seq}, batch={tokens // seq})"
+            out.append(Case("memory", label, code("memory", call)))
     if "planner" in kinds:
         searches = [
             ("Llama 3 405B, 16,384 H100, 16M tokens at 8K", "'llama3-405b', 'h100', 16384, 16 * 2**20, 8192"),
