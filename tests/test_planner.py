@@ -23,7 +23,7 @@ from shardsim.planner.evaluate import evaluate
 from shardsim.planner.program import LayerCache
 from shardsim.planner.space import FIXABLE, Constraints, candidates, stage_layers
 from shardsim.plans import Plan
-from shardsim.training import policies
+from shardsim.training import model_memory, policies
 from test_run_model import check_against_reference
 
 LLAMA = get("llama-tiny").scaled(layers=4)
@@ -137,14 +137,18 @@ def test_layer_programs_are_shared_across_pipeline_depths():
 
 
 def test_memory_reads_the_ledger_and_the_schedule():
-    """1F1B on p stages stashes p microbatches on the first stage, GPipe all m (Narayanan et al.)."""
+    """1F1B on p stages stashes p microbatches on the first stage, GPipe all m (Narayanan et al.),
+    the head's logits among them on the last: the difference is the traced pipeline's ledger's."""
     cache = LayerCache(LLAMA, "h100", seq=16)
     base = Plan(dp=1, pp=2, microbatches=4)
     one = evaluate(cache, Candidate(base, 1, 4))
     gpipe = evaluate(cache, Candidate(base.replace(schedule="gpipe"), 1, 4))
-    stored = cache.layer(base, 1).stored
-    layers = 2  # on the busiest stage
-    assert gpipe.memory["activations"] - one.memory["activations"] == (4 - 2) * layers * stored
+    cfg = LLAMA.scaled(tie_embeddings=False)
+    ledger = [model_memory(cfg, q, batch=4, seq=16, full=True)[0] for q in (base, base.replace(schedule="gpipe"))]
+    assert (
+        gpipe.memory["activations"] - one.memory["activations"] == ledger[1]["activations"] - ledger[0]["activations"]
+    )
+    assert gpipe.memory["activations"] > one.memory["activations"]
 
 
 def test_stage_layers_balance_as_llama3():

@@ -90,42 +90,7 @@ def busiest_stage_layers(model: TransformerConfig, c: Candidate) -> int:
     return per * v
 
 
-def in_flight(c: Candidate) -> int:
-    """Microbatch chunks the first stage holds at once, from the schedule itself (1 without a pipeline).
-
-    >>> from shardsim.plans import Plan
-    >>> p = Plan(pp=4, microbatches=8)
-    >>> in_flight(Candidate(p, 1, 8)), in_flight(Candidate(p.replace(schedule="gpipe"), 1, 8))
-    (4, 8)
-    """
-    p = c.plan
-    if p.pp == 1:
-        return 1
-    return _peak_in_flight(p.schedule, p.pp, p.microbatches, p.virtual_stages)
-
-
-def accumulates_beside_stash(c: Candidate) -> bool:
-    """Whether the first stage runs a forward after its first backward, so that the weight
-    gradients it sums over microbatches are live beside a full stash (1F1B or interleaved with
-    more microbatches than the stage holds; never GPipe, whose backwards all come last).
-
-    >>> from shardsim.plans import Plan
-    >>> p = Plan(pp=2, microbatches=4)
-    >>> plans = (p, p.replace(microbatches=2), p.replace(schedule="gpipe"))
-    >>> [accumulates_beside_stash(Candidate(q, 1, 4)) for q in plans]
-    [True, False, False]
-    """
-    p = c.plan
-    if p.pp == 1:
-        return False
-    first = [
-        it.kind for it in sorted(schedule_of(p.schedule, p.pp, p.microbatches, p.virtual_stages).items) if it.stage == 0
-    ]
-    return "F" in first[first.index("B") :]
-
-
 _SCHEDULES: dict[tuple[str, int, int, int], Schedule] = {}
-_IN_FLIGHT: dict[tuple[str, int, int, int], int] = {}
 
 
 def schedule_of(name: str, p: int, m: int, v: int) -> Schedule:
@@ -134,13 +99,6 @@ def schedule_of(name: str, p: int, m: int, v: int) -> Schedule:
     if key not in _SCHEDULES:
         _SCHEDULES[key] = make(name, p, m, v)
     return _SCHEDULES[key]
-
-
-def _peak_in_flight(schedule: str, p: int, m: int, v: int) -> int:
-    key = (schedule, p, m, v)
-    if key not in _IN_FLIGHT:
-        _IN_FLIGHT[key] = max(schedule_of(schedule, p, m, v).peak_in_flight())
-    return _IN_FLIGHT[key]
 
 
 def memory_bound(

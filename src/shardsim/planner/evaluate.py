@@ -13,9 +13,11 @@ The step is assembled from the layer program's measured pieces (:class:`~.progra
   data axis as it runs (the traced ``fused`` time), the reduction's tail past the flush
   the exposed ``sync``.
 
-Memory per chip by category is the training step's ledger: each category's peak at one and
-two layers, extended to the busiest stage's layers, plus the activations the schedule
-stashes for the microbatches in flight; ``optimizer`` is the state the update keeps (under
+Memory per chip by category is the training step's ledger: without a pipeline each
+category's peak at one, two and three layers, extended to the model's layers; with one, the
+steady state of the pipeline's two-stage probe (:mod:`shardsim.training.stage_memory`, which
+``model_memory`` and the estimate read too), the busiest stage's layers on every stage and
+the stash of the microbatches the schedule holds in flight; ``optimizer`` is the state the update keeps (under
 the default byte policy float32 master weights and Adam moments, split over the data axis
 from ZeRO-1 on: the ZeRO paper's ``K = 12``).
 
@@ -38,7 +40,8 @@ from typing import Any
 from ..cost.timeline import Timeline
 from ..plans import Plan
 from ..strategies.pipeline.schedule import Schedule, needs
-from .bounds import accumulates_beside_stash, busiest_stage_layers, in_flight, schedule_of
+from ..training.stage_memory import pipeline_memory
+from .bounds import busiest_stage_layers, schedule_of
 from .program import Layer, LayerCache
 from .space import Candidate, stage_layers
 
@@ -141,7 +144,7 @@ def evaluate(cache: LayerCache, c: Candidate, *, headroom: float = 0.0) -> PlanE
         span, step, busy = _pipeline(cache, lay, c)
         parts = {"compute": busy, "bubble": span - busy, "sync": step - span}
     exposed = _exposed(lay, parts["compute"], n, m, plan)
-    mem = _memory(lay, c, n)
+    mem = _memory(cache, lay, c, n)
     pl, _ = cache.placement(plan, c.order)
     nets = {a: pl.route(a).describe() for a in pl.axis_sizes if pl.axis_sizes[a] > 1}
     hbm = float(cache.hw.hbm_capacity)
@@ -153,19 +156,25 @@ def evaluate(cache: LayerCache, c: Candidate, *, headroom: float = 0.0) -> PlanE
     )  # fmt: skip
 
 
-def _memory(lay: Layer, c: Candidate, n: int) -> dict[str, int]:
-    chunks = in_flight(c)
-    per_chunk = n // c.plan.virtual_stages
-    extra = max(0, chunks * per_chunk - n) * lay.stored  # microbatches the schedule stashes beyond the first
-    mem = {k: lay.bytes_at(k, n) for k in ("params", "grads", "optimizer", "activations")}
-    mem["activations"] += extra
-    mem["total"] = lay.bytes_at("total", n) + extra
-    if accumulates_beside_stash(c):
-        # the stage's weight gradients summed over the microbatches so far, unreduced (so whole
-        # under ZeRO-2 and 3, which shard them only when reducing): one microbatch's step never
-        # holds them beside a stash, the pipeline's steady state does
-        mem["total"] += lay.state_at("grads", n) * (c.plan.dp if c.plan.zero >= 2 else 1)
+def _memory(cache: LayerCache, lay: Layer, c: Candidate, n: int) -> dict[str, int]:
+    if c.plan.pp > 1:  # the steady state of the pipeline's two-stage probe, as model_memory reads it
+        peak, _ = _pipelined(cache, c, n)
+        return {k: peak.get(k, 0) for k in (*MEMORY, "total")}
+    mem = {k: lay.bytes_at(k, n) for k in MEMORY}
+    mem["total"] = lay.bytes_at("total", n)
     return mem
+
+
+MEMORY = ("params", "grads", "optimizer", "activations")  # the categories a row lists, and the total
+
+
+def _pipelined(cache: LayerCache, c: Candidate, n: int) -> tuple[dict[str, int], dict[str, int]]:
+    """The pipelined step's figures (:func:`~shardsim.training.stage_memory.pipeline_memory`), every
+    stage counted at the busiest stage's ``n`` layers."""
+    return pipeline_memory(
+        cache.model, c.plan, batch=c.batch, seq=cache.seq, optimizer=cache.optimizer, precision=cache.precision,
+        stage_layers=n,
+    )  # fmt: skip
 
 
 def model_state(cache: LayerCache, c: Candidate) -> dict[str, int]:
@@ -179,9 +188,13 @@ def model_state(cache: LayerCache, c: Candidate) -> dict[str, int]:
     >>> s["optimizer"] == 6 * s["params"]  # 12 bytes of Adam state per 2-byte weight
     True
     """
-    lay = cache.layer(c.plan, c.micro, c.order)
     n = busiest_stage_layers(cache.model, c)
-    state = {k: lay.state_at(k, n) for k in ("params", "grads", "optimizer")}
+    if c.plan.pp > 1:
+        _, pipelined = _pipelined(cache, c, n)
+        state = {k: pipelined[k] for k in ("params", "grads", "optimizer")}
+    else:
+        lay = cache.layer(c.plan, c.micro, c.order)
+        state = {k: lay.state_at(k, n) for k in ("params", "grads", "optimizer")}
     state["total"] = sum(state.values())
     return state
 

@@ -14,15 +14,14 @@ returns what the ledger measured, per chip (the busiest chip of each category):
 
 The same contract as :func:`shardsim.cost.program.training_memory` for the MLP.
 
-The layers are identical, so a deep model need not be traced layer by layer: with ``k`` layers
-per pipeline chunk (``layers / (pp * virtual_stages)``) above :data:`SAMPLES`' largest, the
-step is run on copies of the model with 2, 3 and 4 layers per chunk, and every figure, which
-each added layer changes by the same bytes, is carried on to ``k`` along the line through
-them. A pipeline's microbatches are alike too: with more than ``5 pp`` of them (a multiple of
-``pp``), each of those runs is itself carried on from runs with ``3 pp``, ``4 pp`` and ``5 pp``
-microbatches of the plan's size. Every figure is still the ledger's; if three runs are not on
-one line the step is traced in full (as ``full=True`` always does). The tests hold this to the
-full trace.
+The layers are identical, so a deep model need not be traced layer by layer: with more layers
+than :data:`SAMPLES`' largest, the step is run on copies of the model with 2, 3 and 4 layers,
+and every figure, which each added layer changes by the same bytes, is carried on along the
+line through them; if three runs are not on one line the step is traced in full (as
+``full=True`` always does). A pipeline's figures come from the steady state of a two-stage
+probe (:mod:`~shardsim.training.stage_memory`): its stages' own state, and the stash of the
+microbatches the schedule holds in flight, so a step of hundreds of microbatches over dozens of
+stages is never traced whole. The tests hold both to the full trace.
 
 >>> from shardsim.models import get
 >>> from shardsim.plans import Plan
@@ -42,8 +41,10 @@ from ..errors import ModelInputError, PlanError
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..models import get as get_model
+from ..transformer import checks
 from . import policies
 from .precision import Precision
+from .stage_memory import pipeline_memory
 from .traced import trained_step
 
 if TYPE_CHECKING:
@@ -98,27 +99,20 @@ def model_memory(
         precision, optimizer = chosen.precision, chosen.optimizer
     prec = Precision.of(precision or plan.precision or "bf16")
     length = cfg.seq if seq is None else seq
-    total = plan.microbatches
 
-    def measure(model: TransformerConfig, m: int) -> _Figures:
-        """The ledger of one step of ``model`` with ``m`` microbatches of the plan's size."""
-        tokens = (batch // total * m, length)
-        step = trained_step(model, plan.replace(microbatches=m), mesh, tokens, optimizer, prec, events=False)
+    if plan.pp > 1 and not full:  # the steady state of a two-stage probe (its module doc)
+        checks.check_pipeline(cfg, plan, batch)
+        return pipeline_memory(cfg, plan, batch=batch, seq=length, optimizer=optimizer, precision=prec)
+
+    def measure(model: TransformerConfig) -> _Figures:
+        """The ledger of one step of ``model``."""
+        step = trained_step(model, plan, mesh, (batch, length), optimizer, prec, events=False)
         return dict(step.memory), dict(step.model_state)
 
-    def microbatches(model: TransformerConfig) -> _Figures:
-        """All the plan's microbatches, carried on from 3, 4 and 5 per stage when there are more."""
-        ms = tuple(j * plan.pp for j in MICROBATCH_SAMPLES)
-        if full or plan.pp == 1 or total % plan.pp or total <= ms[-1] or batch % (plan.dp * total):
-            return measure(model, total)
-        return _carried(ms, [measure(model, m) for m in ms], total) or measure(model, total)
-
-    chunk = plan.pp * plan.virtual_stages
-    per_chunk = cfg.layers // chunk
-    if full or cfg.layers % chunk or per_chunk <= SAMPLES[-1]:
-        return microbatches(cfg)
-    runs = [microbatches(cfg.scaled(layers=k * chunk)) for k in SAMPLES]
-    return _carried(SAMPLES, runs, per_chunk) or microbatches(cfg)  # not one line: trace every layer
+    if full or plan.pp > 1 or cfg.layers <= SAMPLES[-1]:
+        return measure(cfg)
+    runs = [measure(cfg.scaled(layers=k)) for k in SAMPLES]
+    return _carried(SAMPLES, runs, cfg.layers) or measure(cfg)  # not one line: trace every layer
 
 
 _Figures = tuple[dict[str, int], dict[str, int]]
@@ -130,8 +124,7 @@ def _carried(ks: tuple[int, ...], runs: list[_Figures], k: int) -> _Figures | No
     return None if peak is None or state is None else (peak, state)
 
 
-SAMPLES = (2, 3, 4)  # layers per pipeline chunk of the runs a deep model's figures are carried on from
-MICROBATCH_SAMPLES = (3, 4, 5)  # microbatches per stage of the runs a long pipeline's figures are carried on from
+SAMPLES = (2, 3, 4)  # layers of the runs a deep model's figures are carried on from
 
 
 def _along_the_line(ks: tuple[int, ...], runs: list[dict[str, int]], k: int) -> dict[str, int] | None:

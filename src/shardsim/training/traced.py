@@ -16,6 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..memory import per_chip
 from ..mesh import Mesh
 from ..models import TransformerConfig
@@ -29,7 +31,8 @@ class TrainedStep:
     """What one shape-only training step of a transformer measured: its events (empty when
     they were not asked for), each category's per-chip peak bytes, the model state between
     the backward pass and the update, the most bytes a chip keeps for the backward pass, and
-    the mesh it ran on."""
+    the mesh it ran on; ``by_stage`` the first two figures of each pipeline stage's busiest
+    chips (one entry without a pipeline)."""
 
     events: tuple[Event, ...]
     memory: dict[str, int]
@@ -37,6 +40,7 @@ class TrainedStep:
     stored: int
     mesh: Mesh
     has_events: bool
+    by_stage: tuple[tuple[dict[str, int], dict[str, int]], ...] = ()
 
 
 #: How many training steps :func:`trained_step` keeps (the least recently read goes first).
@@ -118,7 +122,23 @@ def _trace_step(
     recorded = tuple(res.trace.events) if events else ()
     stored = int(res.stored_activations.max())
     shape = Mesh(dict(zip(trainer.mesh.axis_names, trainer.mesh.shape)))
-    return TrainedStep(recorded, per_chip(res.memory), per_chip(res.model_state), stored, shape, events)
+    stages = _by_stage(res.memory, res.model_state, list(shape.axis_names), plan.pipe_axis if plan.pp > 1 else None)
+    return TrainedStep(recorded, per_chip(res.memory), per_chip(res.model_state), stored, shape, events, stages)
+
+
+def _by_stage(
+    memory: dict[str, Any], state: dict[str, Any], axes: list[str], pipe: str | None
+) -> tuple[tuple[dict[str, int], dict[str, int]], ...]:
+    """Each pipeline stage's busiest chips' peaks and model state (the whole mesh's without a pipeline)."""
+    if pipe is None or pipe not in axes:
+        return ((per_chip(memory), per_chip(state)),)
+    at = axes.index(pipe)
+    stages = next(iter(memory.values())).shape[at]
+
+    def stage(figures: dict[str, Any], s: int) -> dict[str, int]:
+        return per_chip({c: np.take(v, s, axis=at) for c, v in figures.items()})
+
+    return tuple((stage(memory, s), stage(state, s)) for s in range(stages))
 
 
 __all__ = ["STEPS_KEPT", "TrainedStep", "clear_steps", "steps_held", "trained_step"]
