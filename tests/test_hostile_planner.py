@@ -17,11 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardsim import cost
+from shardsim.cost.layer_program import LayerCache
 from shardsim.cost.units import token_count, tokens_argument
 from shardsim.errors import ArgumentTypeError, CostModelError, PlannerError, ShardsimError
 from shardsim.models import get
 from shardsim.planner import days_to_train, fewest_chips, largest_model, plan
-from shardsim.planner.program import LayerCache
 from shardsim.planner.space import batch_sizes, candidates, divisors, divisors_between
 from shardsim.plans import Plan
 
@@ -111,7 +111,7 @@ BASE: dict[str, Any] = {"zero": 0, "recompute": "none", "micro_range": (4, 4), "
         ({"zero": 9}, r"zero=9: the ZeRO stage is 0, 1, 2 or 3"),
         ({"schedule": "x"}, r"schedule='x': choose one of"),
         ({"model": None}, r"model=None \(NoneType\): pass a TransformerConfig or a preset name"),
-        ({"cache": 5}, r"cache=5: pass a shardsim.planner.program.LayerCache"),
+        ({"cache": 5}, r"cache=5: pass a shardsim.cost.layer_program.LayerCache"),
         ({"batch_range": (SEQ, 2**60)}, r"batch_range=1152921504606846976: a token count is from 1 to 2\*\*40"),
         ({"batch_range": (128, 16)}, r"batch_range=\(128, 16\): give \(smallest, largest\) tokens, lo <= hi"),
         ({"batch_range": (17, 31)}, r"holds no whole number of 16-token sequences"),

@@ -138,7 +138,7 @@ def test_the_builder_gives_the_scheme_programs_and_the_model_programs() -> None:
 
 
 def test_model_memory_and_the_planner_share_each_training_step() -> None:
-    from shardsim.planner.program import LayerCache
+    from shardsim.cost.layer_program import LayerCache
 
     builder.clear_steps()
     cfg = get("gpt-tiny")

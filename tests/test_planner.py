@@ -15,13 +15,14 @@ from hypothesis import strategies as st
 
 from shardsim.cli import main
 from shardsim.cost import get_hardware
+from shardsim.cost.layer_program import LayerCache
+from shardsim.cost.pipeline_clock import stage_layers
 from shardsim.errors import PlannerError, ShardsimError
 from shardsim.models import get
 from shardsim.planner import Candidate, days_to_train, fewest_chips, plan
 from shardsim.planner.bounds import memory_bound, stage_bound, state_bytes, time_bound
 from shardsim.planner.evaluate import evaluate
-from shardsim.planner.program import LayerCache
-from shardsim.planner.space import FIXABLE, Constraints, candidates, stage_layers
+from shardsim.planner.space import FIXABLE, Constraints, candidates
 from shardsim.plans import Plan
 from shardsim.training import model_memory, policies
 from test_run_model import check_against_reference

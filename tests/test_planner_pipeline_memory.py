@@ -13,9 +13,9 @@ import math
 
 import pytest
 
+from shardsim.cost.layer_program import LayerCache
 from shardsim.models import get
 from shardsim.planner.evaluate import evaluate
-from shardsim.planner.program import LayerCache
 from shardsim.planner.space import Candidate
 from shardsim.plans import Plan
 from shardsim.training import model_memory

@@ -16,11 +16,11 @@ from __future__ import annotations
 import pytest
 
 from shardsim import cost
+from shardsim.cost.layer_program import LayerCache
 from shardsim.cost.model_estimate import estimate_model
 from shardsim.models import get
 from shardsim.planner import Candidate, plan
 from shardsim.planner.evaluate import evaluate
-from shardsim.planner.program import LayerCache
 from shardsim.plans import Plan
 from shardsim.training import model_memory
 

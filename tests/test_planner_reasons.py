@@ -26,10 +26,10 @@ import warnings
 import pytest
 
 from shardsim.cost import get_hardware
+from shardsim.cost.layer_program import LayerCache
 from shardsim.errors import PlannerError
 from shardsim.models import get
 from shardsim.planner import plan
-from shardsim.planner.program import LayerCache
 
 LLAMA13 = get("llama2-7b").scaled(layers=40, d_model=5120, heads=40, kv_heads=40, d_ff=13824, name="llama2-13b")
 DENSE = ("dp", "zero", "tp")

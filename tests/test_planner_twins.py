@@ -10,10 +10,10 @@ without the idle setting.
 
 from __future__ import annotations
 
+from shardsim.cost.layer_program import LayerCache
 from shardsim.models import get
 from shardsim.planner import Candidate, plan
 from shardsim.planner.evaluate import evaluate
-from shardsim.planner.program import LayerCache
 from shardsim.plans import Plan
 
 TINY = get("llama-tiny")

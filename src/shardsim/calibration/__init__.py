@@ -297,8 +297,8 @@ def predict_from_layers(run: Run, efficiency: str = "calibrated") -> Prediction:
     >>> p.method, abs(p.error) < 0.15
     ('layer program', True)
     """
+    from ..cost.layer_program import LayerCache
     from ..planner.evaluate import evaluate
-    from ..planner.program import LayerCache
     from ..planner.space import Candidate
 
     plan = run.parsed_plan

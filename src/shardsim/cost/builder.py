@@ -8,7 +8,7 @@ A model under a plan has one program: :func:`program_of` builds it for an
 :func:`~shardsim.cost.model_steps.model_program`). :func:`memory_of` gives the memory of the
 same model's training step. The transformer's training steps themselves, which
 :func:`~shardsim.training.model_memory` and the planner's traced layers
-(:class:`~shardsim.planner.program.LayerCache`) both read, come from
+(:class:`~shardsim.cost.layer_program.LayerCache`) both read, come from
 :func:`~shardsim.training.traced.trained_step`, whose cache they share: a step traced once is
 never traced again.
 

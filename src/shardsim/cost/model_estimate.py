@@ -38,6 +38,7 @@ from .efficiency import Efficiency, resolve_efficiency
 from .hardware import Hardware, Switched, Torus
 from .memory_source import memory_source
 from .model_steps import ModelProgram, check_batch, check_sizes, check_work
+from .pipeline_estimate import check_stages, estimate_pipeline
 from .placement import AxisLink, hungry_first, place
 from .presets import get_hardware
 from .program_estimate import estimate_program
@@ -294,6 +295,23 @@ def _estimate_transformer(
     inner, warnings = (None, []) if links else model_links(hw, p)
     # the layout and the efficiency mode fail here, before the trace, if the hardware cannot take them
     resolve_efficiency(hw, efficiency, place(hw, p.mesh(), links, topology=topology, inner=inner).networks())
+    if (
+        p.pp > 1
+        and overlap
+        and prefetch == 1
+        and resolve_dtype(dtype).name == "bfloat16"
+        and precision in (None, "bf16")
+    ):
+        # the planner's clock on the layer program (its module doc); other options: the whole program
+        even = cfg.scaled(layers=check_stages(cfg, p, b) * p.pp)  # the deepest stage's layers on every stage
+        measured = None
+        if memory:
+            peak, state = memory_of(even, p, batch_tokens, s, optimizer=optimizer, precision=precision, policy=policy)
+            measured = (peak, state, source)
+        return estimate_pipeline(
+            cfg, p, hw, batch=b, seq=s, efficiency=efficiency, policy=policy, links=links, topology=topology,
+            inner=inner, memory=measured, warnings=[*warnings, *_pipeline_warnings(p)],
+        )  # fmt: skip
     program = program_of(cfg, p, batch_tokens, s, dtype)
     assert isinstance(program, ModelProgram)
     warnings += _pipeline_warnings(p)

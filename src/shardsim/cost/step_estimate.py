@@ -48,6 +48,10 @@ class Estimate:
     is what was estimated (an :class:`~shardsim.models.MLP` or a
     :class:`~shardsim.models.TransformerConfig`), ``plan`` its plan, ``seq`` a transformer's
     sequence length, ``program`` the program timed, ``placement`` its mesh on the hardware.
+    A pipeline's step is timed on the layer program's clock (:mod:`~shardsim.cost.pipeline_clock`,
+    as the planner times it): no whole program is built (``program`` is None), the time line
+    has one bar per schedule item and stream, and ``flops`` holds the step's model and
+    hardware FLOPs over all chips, read off the layer program.
     """
 
     scheme: str
@@ -71,6 +75,7 @@ class Estimate:
     program: Program | None = None
     placement: Placement | None = None
     warnings: list[str] = field(default_factory=list)
+    flops: tuple[float, float] | None = None
 
     @property
     def cfg(self) -> TransformerConfig | None:
@@ -127,6 +132,8 @@ class Estimate:
         events run on its chips only); recomputation is not model work."""
         if self.cfg is None:
             return 12.0 * self.batch * self.d_model * self.d_ff * self.layers
+        if self.flops is not None:
+            return self.flops[0]
         assert self.program is not None
         mesh = self.program.mesh
         total = 0.0
@@ -139,6 +146,8 @@ class Estimate:
     @property
     def hardware_flops(self) -> float:
         """Every matmul FLOP the chips run, recomputation included (HFU's numerator)."""
+        if self.flops is not None:
+            return self.flops[1]
         assert self.program is not None
         return sum(st.event.flops * chips_running(self.program.mesh, st.event.where) for st in self.program.steps)
 
@@ -237,13 +246,28 @@ class Estimate:
 
     def breakdown(self, by: str = "collective") -> list[dict[str, Any]]:
         """Rows of seconds: ``by="collective"`` per (phase, op, axes, label) summed over layers,
-        ``by="layer"`` per (layer, phase), ``by="event"`` every bar (:mod:`~shardsim.cost.breakdown`)."""
+        ``by="layer"`` per (layer, phase), ``by="event"`` every bar (:mod:`~shardsim.cost.breakdown`),
+        of :meth:`event_timeline`."""
         from . import breakdown
 
         tables = {"collective": breakdown.by_collective, "layer": breakdown.by_layer, "event": breakdown.by_event}
         if by not in tables:
             raise ValueError(f"breakdown by {by!r}: use 'collective', 'layer' or 'event'")
-        return tables[by](self.timeline)
+        return tables[by](self.event_timeline())
+
+    def event_timeline(self) -> Timeline:
+        """The time line of every event of the step: :attr:`timeline` itself, except for a
+        pipeline timed on the layer program's clock, whose whole program (every stage,
+        microbatch and layer) is built and timed now, on the same placement (seconds to
+        minutes at published sizes; the breakdowns read it)."""
+        if self.program is not None or self.cfg is None:
+            return self.timeline
+        from .model_steps import model_program
+        from .timeline import build_timeline
+
+        assert self.placement is not None
+        prog = model_program(self.cfg, self.plan, self.batch, self.seq, self.dtype)
+        return build_timeline(prog.steps, self.hardware, self.placement, efficiency=self.efficiency, mesh=prog.mesh)
 
     def bound_reason(self) -> str:
         """The numbers :attr:`bound` decides on, in words: the phase and mesh axis whose

@@ -3,7 +3,7 @@
 A bound only ever rejects: a candidate whose *lower bound* of memory exceeds the chip, or
 whose lower bound of time per token is slower than the best plan found so far by more than
 the search's window, cannot be in the answer, so it is not traced. The numbers of every
-plan that survives come from its traced program (:mod:`.program`), never from here.
+plan that survives come from its traced program (:mod:`shardsim.cost.layer_program`), never from here.
 
 Memory: the weights, gradients and optimizer state of the layers on the busiest stage,
 counted at the fewest bytes the byte policy stores them (:func:`state_bytes`: under the
@@ -37,12 +37,12 @@ import math
 
 from ..cost.efficiency import Efficiency
 from ..cost.hardware import Hardware
+from ..cost.pipeline_clock import stage_layers
 from ..models import TransformerConfig
-from ..strategies.pipeline.schedule import Schedule, make
 from ..training import optim, policies
 from ..training.policies import BytePolicy
 from ..training.precision import Precision
-from .space import Candidate, stage_layers
+from .space import Candidate
 
 
 def state_bytes(policy: str | BytePolicy | None = None) -> tuple[int, int, int]:
@@ -88,17 +88,6 @@ def busiest_stage_layers(model: TransformerConfig, c: Candidate) -> int:
     per = stage_layers(model.layers, p * v)
     assert per is not None
     return per * v
-
-
-_SCHEDULES: dict[tuple[str, int, int, int], Schedule] = {}
-
-
-def schedule_of(name: str, p: int, m: int, v: int) -> Schedule:
-    """The pipeline schedule (:func:`shardsim.strategies.pipeline.schedule.make`), built once per shape."""
-    key = (name, p, m, v)
-    if key not in _SCHEDULES:
-        _SCHEDULES[key] = make(name, p, m, v)
-    return _SCHEDULES[key]
 
 
 def memory_bound(

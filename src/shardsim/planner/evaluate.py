@@ -1,6 +1,6 @@
 """One candidate's step: time, memory by category and what binds, from its traced layer program.
 
-The step is assembled from the layer program's measured pieces (:class:`~.program.Layer`):
+The step is assembled from the layer program's measured pieces (:class:`~shardsim.cost.layer_program.Layer`):
 
 - without a pipeline: ``m`` microbatches one after another (gradient accumulation), the
   last one's backward overlapping the gradient reduction over the data axis as DDP's
@@ -23,7 +23,7 @@ from ZeRO-1 on: the ZeRO paper's ``K = 12``).
 
 >>> from shardsim.models import get
 >>> from shardsim.plans import Plan
->>> from .program import LayerCache
+>>> from shardsim.cost.layer_program import LayerCache
 >>> from .space import Candidate
 >>> cache = LayerCache(get("gpt-tiny"), "h100", seq=16)
 >>> est = evaluate(cache, Candidate(Plan(dp=2, tp=2), micro=2, batch=4))
@@ -33,17 +33,16 @@ from ZeRO-1 on: the ZeRO paper's ``K = 12``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cost.layer_program import Layer, LayerCache
+from ..cost.pipeline_clock import clock, passes, schedule_of
 from ..cost.timeline import Timeline
 from ..plans import Plan
-from ..strategies.pipeline.schedule import Schedule, needs
 from ..training.stage_memory import pipeline_memory
-from .bounds import busiest_stage_layers, schedule_of
-from .program import Layer, LayerCache
-from .space import Candidate, stage_layers
+from .bounds import busiest_stage_layers
+from .space import Candidate
 
 
 @dataclass
@@ -218,97 +217,8 @@ def _exposed(lay: Layer, compute: float, n: int, m: int, plan: Plan) -> dict[str
 
 def _pipeline(cache: LayerCache, lay: Layer, c: Candidate) -> tuple[float, float, float]:
     """The schedule's span on the traced durations without the gradient reductions and with
-    them, and the busiest stage's busy time."""
-    plan, model = c.plan, cache.model
+    them, and the busiest stage's busy time (:mod:`shardsim.cost.pipeline_clock`)."""
+    plan = c.plan
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
-    sched = schedule_of(plan.schedule, p, m, v)
-    per_v = stage_layers(model.layers, p * v)
-    assert per_v is not None
-    short = per_v * p * v - model.layers  # the first and last virtual stage hold one layer less each
-    last = p * v - 1
-    per, edge = lay.per_layer, lay.edge
-    layers = [per_v - (1 if (k == 0 and short == 2) or (k == last and short >= 1) else 0) for k in range(p * v)]
-    head = [0.0] * last + [1.0]  # the embedding and the head, charged to the last virtual stage
-    fwd = [n * per.fwd + h * edge.fwd for n, h in zip(layers, head)]
-    bwd = [n * per.bwd + h * edge.bwd for n, h in zip(layers, head)]
-    fused = [n * per.fused + h * edge.fused for n, h in zip(layers, head)]
-    return clock(sched, fwd, bwd, cache.p2p(plan, c.micro, c.order), fused)
-
-
-Slots = tuple[tuple[int, int, int, bool, bool], ...]
-_COMPILED: dict[int, tuple[Schedule, Slots]] = {}
-
-
-def _slots(sched: Schedule) -> Slots:
-    """Each item of ``sched`` in its unit-time order: its stage, its slot in the duration
-    tables (``k`` for the forward of virtual stage ``k``, ``V + k`` for its backward), the
-    index of the item it waits for (-1: none), whether its output is sent to another stage,
-    and whether it is its chunk's last backward. Built once per schedule."""
-    hit = _COMPILED.get(id(sched))
-    if hit is not None and hit[0] is sched:
-        return hit[1]
-    p, virtual, m = sched.stages, sched.stages * sched.chunks, sched.microbatches
-    index = {it.key: i for i, it in enumerate(sched.items)}
-    out = []
-    for it in sched.items:
-        k = sched.virtual_stage(it)
-        need = needs(it, p, virtual)
-        forward = it.kind == "F"
-        sends = (forward and k < virtual - 1) or (not forward and k > 0)
-        out.append((it.stage, k if forward else virtual + k, -1 if need is None else index[need], sends,
-                    not forward and it.microbatch == m - 1))  # fmt: skip
-    _COMPILED[id(sched)] = (sched, tuple(out))
-    return _COMPILED[id(sched)][1]
-
-
-def clock(
-    sched: Schedule,
-    fwd: Sequence[float],
-    bwd: Sequence[float],
-    send: float = 0.0,
-    reduced: Sequence[float] | None = None,
-) -> tuple[float, float, float]:
-    """The span of ``sched`` when the forward and backward of virtual stage ``k`` last
-    ``fwd[k]`` and ``bwd[k]``, the span with the gradient reductions, and the busiest stage's
-    busy time: :meth:`~shardsim.strategies.pipeline.schedule.Schedule.timeline`'s clock in one pass,
-    since the schedule's unit-time order already has every item after what it waits for.
-
-    As on the estimate's time line (:mod:`shardsim.cost.timeline`), communication runs on its
-    own links while the stage computes: each output sent to another stage takes ``send``
-    seconds on the stage's link, one send after another, and only the item that reads it
-    waits for it; a chunk's last backward reduces its gradients over the data axis as it
-    runs, ending ``reduced[k]`` seconds after it starts, which delays the step's end but
-    neither the stage's next item nor the item's reader.
-
-    >>> from shardsim.strategies.pipeline.schedule import one_f_one_b
-    >>> s = one_f_one_b(stages=3, microbatches=4)
-    >>> clock(s, [1.0] * 3, [2.0] * 3)[0] == max(t.end for t in s.timeline(lambda it: 1.0 + (it.kind == "B")))
-    True
-    >>> span, _, busy = clock(s, [1.0] * 3, [2.0] * 3, send=0.5)  # the sends lengthen the span, not the work
-    >>> span > clock(s, [1.0] * 3, [2.0] * 3)[0], busy == 12.0
-    (True, True)
-    >>> clock(s, [1.0] * 3, [2.0] * 3, reduced=[5.0] * 3)[1] - 18.0  # the last backward's reduction: 5 s from its start
-    3.0
-    """
-    p = sched.stages
-    dur = [*fwd, *bwd]
-    tail_of = [0.0] * len(fwd) + list(reduced) if reduced is not None else None
-    arrive: list[float] = []
-    free = [0.0] * p
-    link = [0.0] * p
-    busy = [0.0] * p
-    tail = 0.0
-    for stage, slot, need, sends, last in _slots(sched):
-        start = free[stage]
-        if need >= 0 and arrive[need] > start:
-            start = arrive[need]
-        d = dur[slot]
-        free[stage] = end = start + d
-        busy[stage] += d
-        if last and tail_of is not None and start + tail_of[slot] > tail:
-            tail = start + tail_of[slot]
-        if sends and send > 0:
-            link[stage] = end = max(end, link[stage]) + send
-        arrive.append(end)
-    span = max(free)
-    return span, max(span, tail), max(busy)
+    ps = passes(lay, cache.model.layers, p, v)
+    return clock(schedule_of(plan.schedule, p, m, v), ps.fwd, ps.bwd, cache.p2p(plan, c.micro, c.order), ps.fused)

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..cost.efficiency import Efficiency
 from ..cost.hardware import Hardware
+from ..cost.layer_program import LayerCache
 from ..cost.presets import get_hardware
 from ..errors import PlannerError
 from ..mesh import MAX_CHIPS
@@ -31,7 +32,6 @@ from ..models import TransformerConfig
 from ..plans import Plan
 from ..training.policies import BytePolicy
 from .evaluate import PlanEstimate, evaluate, model_state
-from .program import LayerCache
 from .search import check_arguments
 from .search import plan as search
 from .space import Candidate

@@ -3,7 +3,7 @@
 1. Enumerate the plan space the constraints allow (:mod:`.space`).
 2. Reject, untraced, every candidate whose memory *lower bound* exceeds the chip's usable
    memory (:mod:`.bounds`), and order the rest by their lower bound of time per token.
-3. Walk them in that order: trace each distinct layer sharding once (:mod:`.program`),
+3. Walk them in that order: trace each distinct layer sharding once (:mod:`shardsim.cost.layer_program`),
    assemble the candidate's step from it (:mod:`.evaluate`), keep it if its measured memory
    fits. Stop when the next lower bound is slower than the best kept plan by more than
    ``window``: no candidate left can come within it, so the table holds every plan that
@@ -29,6 +29,7 @@ from typing import Any
 
 from ..cost.efficiency import Efficiency, resolve_efficiency
 from ..cost.hardware import Hardware, Switched, Torus
+from ..cost.layer_program import LayerCache
 from ..cost.model_steps import check_sizes
 from ..cost.placement import AxisLink, place
 from ..cost.presets import get_hardware
@@ -41,7 +42,6 @@ from ..training import policies
 from ..training.policies import BytePolicy
 from .bounds import memory_bound, stage_bound, state_bytes, time_bound
 from .evaluate import PlanEstimate, evaluate
-from .program import LayerCache
 from .progress import Progress
 from .reasons import either, nearest_batches, nearest_chips, tokens_text
 from .space import PARALLELISMS, Candidate, Constraints, candidates
@@ -77,7 +77,7 @@ def plan(
     training step's byte policy (:mod:`shardsim.training.policies`; default bf16 weights with
     float32 master weights and Adam moments), whose ledger gives every plan's memory; a policy
     that names a ZeRO stage (``megatron``: 0, ``megatron-distributed``: 1) holds the search to it.
-    ``cache``: a :class:`~.program.LayerCache` whose traced layer programs this search reuses
+    ``cache``: a :class:`~shardsim.cost.layer_program.LayerCache` whose traced layer programs this search reuses
     and adds to (searches of one model on one hardware at one sequence and byte policy, e.g.
     at several chip counts, share their traces); by default a fresh one. ``nearest``: when
     nothing fits, search larger chip counts for the nearest on which the request has a plan and
@@ -390,7 +390,9 @@ def check_arguments(
     if progress is not None and not isinstance(progress, bool):
         raise PlannerError(f"progress={progress!r}: the counter is on (True), off (False) or automatic (None)")
     if cache is not None and not isinstance(cache, LayerCache):
-        raise PlannerError(f"cache={cache!r:.60}: pass a shardsim.planner.program.LayerCache, or None for a fresh one")
+        raise PlannerError(
+            f"cache={cache!r:.60}: pass a shardsim.cost.layer_program.LayerCache, or None for a fresh one"
+        )
     chosen = _policy(policy, constraints)
     cons = Constraints.of(**constraints)
     cons.check_values()

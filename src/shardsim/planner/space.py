@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._divisors import divisors
+from ..cost.pipeline_clock import stage_layers
 from ..cost.units import tokens_argument
 from ..errors import PlannerError
 from ..models import TransformerConfig
@@ -266,18 +267,6 @@ def tp_degrees(model: TransformerConfig, chips: int, tp_max: int) -> list[int]:
         and model.vocab % t == 0
         and (k % t == 0 or t % k == 0)
     ]
-
-
-def stage_layers(layers: int, parts: int) -> int | None:
-    """Layers on each of ``parts`` virtual stages (the most any holds), or None when they do not
-    balance: equal, or the first and last one layer short (Llama 3's 126 layers on 16 stages).
-
-    >>> stage_layers(126, 16), stage_layers(96, 16), stage_layers(100, 16)
-    (8, 6, None)
-    """
-    per = -(-layers // parts)
-    short = per * parts - layers
-    return per if short == 0 or (short <= 2 and parts >= 2 and per >= 2) else None
 
 
 def batch_sizes(batch_tokens: int, seq: int, dp: int, rng: tuple[int, int] | None) -> list[int]:

@@ -11,7 +11,7 @@ settings away from their defaults (``recompute=none`` over ``selective``).
 >>> from shardsim.models import get
 >>> from shardsim.plans import Plan
 >>> from .evaluate import evaluate
->>> from .program import LayerCache
+>>> from shardsim.cost.layer_program import LayerCache
 >>> from .space import Candidate
 >>> cache = LayerCache(get("llama-tiny"), "h100", seq=16)
 >>> plain, sel = (Plan(tp=2, attention="flash", recompute=r) for r in ("none", "selective"))

@@ -40,13 +40,6 @@ from typing import Any
 
 from ..array import ShapeDtype, shard
 from ..collectives import ppermute
-from ..cost.efficiency import Efficiency, resolve_efficiency
-from ..cost.hardware import Hardware
-from ..cost.model_steps import is_sync, recorded_steps
-from ..cost.placement import AxisLink, Placement, place
-from ..cost.presets import get_hardware
-from ..cost.program import chips_running, trace_steps
-from ..cost.timeline import Timeline, build_timeline
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..plans import Plan
@@ -55,6 +48,13 @@ from ..training import policies
 from ..training.policies import BytePolicy
 from ..training.precision import Precision
 from ..training.traced import trained_step
+from .efficiency import Efficiency, resolve_efficiency
+from .hardware import Hardware
+from .model_steps import is_sync, recorded_steps
+from .placement import AxisLink, Placement, place
+from .presets import get_hardware
+from .program import chips_running, trace_steps
+from .timeline import Timeline, build_timeline
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,9 @@ class Layer:
     update at the same depths; ``stored``: bytes one layer keeps for the backward pass per
     microbatch; ``flops``: one microbatch's model FLOPs per chip at one and two layers (the
     forward and backward matmuls, recomputation left out, as MFU counts them);
-    ``timeline``: the two-layer program's time line (the picture of the layer's step).
+    ``timeline``: the two-layer program's time line (the picture of the layer's step);
+    ``work``: the :func:`pass_work` of one layer and of the embedding with the head;
+    ``hardware_flops``: as ``flops``, recomputation included.
     """
 
     per_layer: Times
@@ -93,6 +95,8 @@ class Layer:
     flops: tuple[int, int]
     timeline: Timeline
     states: tuple[dict[str, int], ...]
+    work: tuple[dict[str, float], dict[str, float]] = ({}, {})
+    hardware_flops: tuple[int, int] = (0, 0)
 
     def bytes_at(self, category: str, layers: int) -> int:
         """The category's per-chip peak over the step with ``layers`` layers, extended from the traces."""
@@ -123,6 +127,45 @@ class _Run:
     state: dict[str, int]
     stored: int
     flops: int
+    hardware_flops: int
+
+
+def pass_work(tl: Timeline) -> dict[str, float]:
+    """Seconds of a microbatch's forward (``F ...``) and backward (``B ...``, recomputation in
+    it) on the compute stream (``compute``), in its matmuls' FLOPs, HBM traffic and untimed
+    kernels alone (``flops``, ``memory``, ``untimed``: the bound's figures) and on each mesh
+    axis's links (``comm <axis>``; a collective over two axes is split between them), summed
+    over the bars of its time line.
+
+    >>> from shardsim import Mesh
+    >>> from .presets import get_hardware
+    >>> from .program import scheme_program
+    >>> hw, mesh = get_hardware("h100"), Mesh(X=8)
+    >>> prog = scheme_program("fsdp", mesh, batch=8 * 4096, d_model=4096, d_ff=16384, layers=1)
+    >>> w = pass_work(build_timeline(prog.steps, hw, place(hw, mesh)))
+    >>> sorted(k for k in w if k.startswith("F"))
+    ['F comm X', 'F compute', 'F flops', 'F memory', 'F untimed']
+    """
+    out: dict[str, float] = {}
+
+    def add(key: str, seconds: float) -> None:
+        out[key] = out.get(key, 0.0) + seconds
+
+    for b in tl.bars:
+        side = "F" if b.phase == "forward" else "B"
+        if b.is_compute:
+            add(f"{side} compute", b.seconds)
+            add(f"{side} flops", b.flops_s)
+            add(f"{side} memory", b.memory_s)
+            add(f"{side} untimed", b.untimed_s)
+        else:
+            for a in b.axes:
+                add(f"{side} comm {a}", b.seconds / len(b.axes))
+    return out
+
+
+def _minus(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
+    return {k: a.get(k, 0.0) - b.get(k, 0.0) for k in {*a, *b}}
 
 
 def trace_plan(plan: Plan) -> Plan:
@@ -153,7 +196,7 @@ def _at_dp(two: list[_Run], four: list[_Run], dp: int) -> list[_Run]:
     for r2, r4 in zip(two, four):
         peak = {k: at(r2.peak.get(k, 0), r4.peak.get(k, 0)) for k in r2.peak}
         state = {k: at(r2.state.get(k, 0), r4.state.get(k, 0)) for k in r2.state}
-        out.append(_Run(r2.events, peak, state, r2.stored, r2.flops))
+        out.append(_Run(r2.events, peak, state, r2.stored, r2.flops, r2.hardware_flops))
     return out
 
 
@@ -161,7 +204,9 @@ class LayerCache:
     """Traced layer programs by layer sharding, and placements by mesh order, for one model on one hardware.
 
     ``efficiency`` and ``links`` are :func:`shardsim.cost.estimate`'s; ``seq`` the training
-    sequence length; ``policy`` the training step's byte policy (:mod:`shardsim.training.policies`;
+    sequence length; ``inner`` the axes innermost first on a GPU when no order is asked (the
+    estimate's placement, :func:`~shardsim.cost.placement.place`); ``policy`` the training
+    step's byte policy (:mod:`shardsim.training.policies`;
     default :func:`~shardsim.training.model_memory`'s: bf16 weights, float32 master weights
     and Adam moments). :attr:`traced` counts the distinct layer shardings traced so far.
     """
@@ -176,13 +221,14 @@ class LayerCache:
         links: Mapping[str, str | AxisLink] | None = None,
         topology: str | Sequence[int] | None = None,
         policy: str | BytePolicy | None = None,
+        inner: Sequence[str] | None = None,
     ) -> None:
         self.model, self.hw, self.seq = model, get_hardware(hardware), seq
         chosen = None if policy is None else policies.get(policy)
         self.policy = chosen
         self.precision = Precision.of("bf16") if chosen is None else chosen.precision
         self.optimizer = "adam" if chosen is None else chosen.optimizer
-        self.efficiency, self.links, self.topology = efficiency, links, topology
+        self.efficiency, self.links, self.topology, self.inner = efficiency, links, topology, inner
         self._params = frozenset(model.scaled(layers=2).param_shapes())  # the traced programs' weights
         self._layers: dict[tuple[Any, ...], Layer] = {}
         self._programs: dict[tuple[str, int], list[_Run]] = {}
@@ -209,9 +255,10 @@ class LayerCache:
         """The plan's mesh placed on the hardware, its axes outermost-first in ``order`` (the
         roles, e.g. ``("data", "pipe", "model")``; default the plan's own mesh order)."""
         mesh = mesh_in_order(plan, order)
-        key = (tuple(mesh.axis_names), mesh.shape)
+        inner = self.inner if order is None else None
+        key = (tuple(mesh.axis_names), mesh.shape, inner)
         if key not in self._placements:
-            pl = place(self.hw, mesh, self.links, topology=self.topology)
+            pl = place(self.hw, mesh, self.links, topology=self.topology, inner=inner)
             self._placements[key] = (pl, resolve_efficiency(self.hw, self.efficiency, pl.networks()))
         return self._placements[key]
 
@@ -248,19 +295,23 @@ class LayerCache:
             # share of causal attention) runs on those chips
             mesh = step.mesh
             flops = sum(e.flops * chips_running(mesh, e.where) for e in events if e.phase != "recompute") // mesh.size
+            every = sum(e.flops * chips_running(mesh, e.where) for e in events) // mesh.size
             # the one-layer run's stored bytes are one layer's
-            runs.append(_Run(events, dict(step.memory), dict(step.model_state), step.stored, flops))
+            runs.append(_Run(events, dict(step.memory), dict(step.model_state), step.stored, flops, every))
         return runs
 
     def _cost(self, runs: list[_Run], pl: Placement, eff: Efficiency) -> Layer:
-        (t1, _), (t2, tl) = (self._times(r.events, pl, eff) for r in runs[:2])
-        per = t2 - t1
+        (t1, _, w1), (t2, tl, w2) = (self._times(r.events, pl, eff) for r in runs[:2])
+        per, work = t2 - t1, _minus(pass_work(w2), pass_work(w1))
         peaks, states = tuple(r.peak for r in runs), tuple(r.state for r in runs)
-        return Layer(per, t1 - per, peaks, runs[0].stored, (runs[0].flops, runs[1].flops), tl, states)
+        flops, every = (runs[0].flops, runs[1].flops), (runs[0].hardware_flops, runs[1].hardware_flops)
+        edge_work = _minus(pass_work(w1), work)
+        return Layer(per, t1 - per, peaks, runs[0].stored, flops, tl, states, (work, edge_work), every)
 
-    def _times(self, events: Sequence[Event], pl: Placement, eff: Efficiency) -> tuple[Times, Timeline]:
-        """Two time lines: the microbatch's work alone, and with the gradient reductions (the
-        last microbatch's backward, overlapping them); the forward ends where its last bar does."""
+    def _times(self, events: Sequence[Event], pl: Placement, eff: Efficiency) -> tuple[Times, Timeline, Timeline]:
+        """The times of two time lines, the microbatch's work alone and with the gradient
+        reductions (the last microbatch's backward, overlapping them), and both time lines,
+        the whole first; the forward ends where its last bar does."""
         alone = [e for e in events if not is_sync(e, self._params)]
         work = build_timeline(recorded_steps(alone), self.hw, pl, efficiency=eff)
         synced = len(alone) < len(events)  # no gradient reduction (one data and context rank): one time line
@@ -268,7 +319,7 @@ class LayerCache:
         fwd = max((b.end for b in work.bars if b.phase == "forward"), default=0.0)
         fwd_whole = max((b.end for b in whole.bars if b.phase == "forward"), default=0.0)
         sync = sum(b.seconds for b in whole.bars if is_sync(events[b.index], self._params))
-        return Times(fwd, work.step_s - fwd, sync, whole.step_s - fwd_whole), whole
+        return Times(fwd, work.step_s - fwd, sync, whole.step_s - fwd_whole), whole, work
 
     # -- the pipeline's sends ----------------------------------------------------------------
     def p2p(self, plan: Plan, micro: int, order: Sequence[str] | None = None) -> float:
@@ -285,7 +336,7 @@ class LayerCache:
             shape = (plan.dp * plan.ep * micro, self.seq, self.model.d_model)
             x = shard(ShapeDtype(shape, self.precision.compute), mesh, Roles.of(plan, self.model.n_kv).act())
             with trace() as t:
-                ppermute(x, "pipe", 1, label="x")
+                ppermute(x, plan.axes()["pipe"], 1, label="x")
             self._p2p[key] = build_timeline(trace_steps(t), self.hw, pl, efficiency=eff).step_s
         return self._p2p[key]
 
