@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -200,8 +199,7 @@ class ShardedArray:
         self.storage: int = view_of.storage if view_of is not None else self.uid
         # the traced values (event outputs or program inputs) this one derives from
         self.sources: tuple[int, ...] = tuple(dict.fromkeys(s for v in origins for s in v.sources)) or (self.uid,)
-        mesh.memory.allocate(self)
-        weakref.finalize(self, mesh.memory.release, self.storage)
+        mesh.memory.allocate(self)  # counted until this value dies
 
     # -- basic properties ---------------------------------------------------------------
     @property

@@ -15,6 +15,7 @@ partial-sum axis ("once a mesh dimension has been used it is spent").
 
 from __future__ import annotations
 
+import functools
 import numbers
 import re
 import sys
@@ -48,6 +49,12 @@ class Dim:
     axes: tuple[str, ...] = ()
 
     def __str__(self) -> str:
+        return self._text
+
+    # Layouts are immutable and printed for every trace event and ledger entry (shape-only
+    # steps print hundreds of thousands): the text is built once per object, on first use.
+    @functools.cached_property
+    def _text(self) -> str:
         return self.name + _subscript(self.axes)
 
 
@@ -175,6 +182,10 @@ class Layout:
 
     # -- display ------------------------------------------------------------------------
     def __str__(self) -> str:
+        return self._text
+
+    @functools.cached_property
+    def _text(self) -> str:  # built once per layout, as Dim's (see there)
         text = "[" + ", ".join(str(d) for d in self.dims) + "]"
         if self.partial:
             text += "{U" + _subscript(self.partial) + "}"

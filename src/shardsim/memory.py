@@ -86,13 +86,23 @@ class _Entry:
     label: str
     layout: str
     category: str
-    per_chip: np.ndarray  # bytes on each chip, shape mesh.shape
+    # bytes on each chip: an int when every chip holds the same (most values: no array to
+    # build, and NumPy adds an int to the ledger's arrays faster), else an array of mesh.shape
+    per_chip: int | np.ndarray
     users: int = 1  # values sharing this buffer (a value and its transposes)
     ref: Any = None  # weak reference to the value, for the label it has now (named() comes later)
 
     def name(self) -> str:
         value = self.ref() if self.ref is not None else None
         return (value.label if value is not None else None) or self.label
+
+    def on(self, chip: tuple[int, ...]) -> int:
+        """The bytes chip ``chip`` holds."""
+        return _on(self.per_chip, chip)
+
+
+def _on(per_chip: int | np.ndarray, chip: tuple[int, ...]) -> int:
+    return per_chip if isinstance(per_chip, int) else int(per_chip[chip])
 
 
 def per_chip(memory: Mapping[str, np.ndarray]) -> dict[str, int]:
@@ -120,6 +130,11 @@ class MemoryLedger:
         self._peak: dict[str, np.ndarray] = {}
         self._total = np.zeros(mesh.shape, np.int64)
         self._total_peak = np.zeros(mesh.shape, np.int64)
+        # At least the busiest chip's bytes (every allocation adds its size, releases take
+        # nothing off): while it stays far from the int64 limit, no allocation reads the
+        # chips' totals to check it. Only a bound past the limit is recomputed exactly.
+        self._bound = 0
+        self._watched: set[weakref.ref[Any]] = set()  # a weak reference per value counted, until it dies
 
     @property
     def capacity(self) -> int | None:
@@ -137,25 +152,41 @@ class MemoryLedger:
 
     # -- bookkeeping (called by ShardedArray) -------------------------------------------
     def allocate(self, value: Allocation) -> None:
+        """Count ``value``'s bytes until it dies (a view of a live buffer adds none)."""
         shared = self._entries.get(value.storage)
         if shared is not None:  # a view of a live buffer: no new bytes
             shared.users += 1
+            self._watch(value)
             return
-        if int(self._total.max(initial=0)) > _MOST - value.local_nbytes:  # int64 counts must not wrap
-            raise OutOfMemoryError(
-                f"{value.describe()} ({fmt_bytes(value.local_nbytes)} per chip) would take a chip past "
-                f"{fmt_bytes(_MOST)}, the most the ledger counts and far more than any chip holds; "
-                "release values or use smaller sizes"
-            )
-        if value.holders is None:  # the same bytes on every chip: one number seen as mesh.shape, not a copy per chip
-            per_chip = np.broadcast_to(np.int64(value.local_nbytes), self.mesh.shape)
-        else:
-            per_chip = np.full(self.mesh.shape, value.local_nbytes, np.int64) * value.holders
+        nbytes = value.local_nbytes
+        if self._bound > _MOST - nbytes:
+            self._bound = int(self._total.max(initial=0))
+            if self._bound > _MOST - nbytes:  # int64 counts must not wrap
+                raise OutOfMemoryError(
+                    f"{value.describe()} ({fmt_bytes(nbytes)} per chip) would take a chip past "
+                    f"{fmt_bytes(_MOST)}, the most the ledger counts and far more than any chip holds; "
+                    "release values or use smaller sizes"
+                )
+        per_chip: int | np.ndarray = nbytes  # the same bytes on every chip
+        if value.holders is not None:
+            per_chip = np.full(self.mesh.shape, nbytes, np.int64) * value.holders
         self._check_capacity(value, per_chip)
         self._entries[value.storage] = _Entry(
             value.label or "", str(value.layout), value.category, per_chip, ref=weakref.ref(value)
         )
         self._add(value.category, per_chip)
+        self._bound += nbytes
+        self._watch(value)
+
+    def _watch(self, value: Allocation) -> None:
+        """Release ``value``'s buffer when it dies (as ``weakref.finalize`` would, for less)."""
+        storage = value.storage
+
+        def died(ref: weakref.ref[Any]) -> None:
+            self._watched.discard(ref)
+            self.release(storage)
+
+        self._watched.add(weakref.ref(value, died))
 
     def release(self, storage: int) -> None:
         entry = self._entries.get(storage)
@@ -164,27 +195,29 @@ class MemoryLedger:
         entry.users -= 1
         if entry.users == 0:
             del self._entries[storage]
-            self._add(entry.category, -entry.per_chip)
+            self._add(entry.category, -entry.per_chip, grows=False)
 
     def recategorize(self, value: Allocation, category: str) -> None:
         entry = self._entries.get(value.storage)
         if entry is None or entry.category == category:
             return
-        self._add(entry.category, -entry.per_chip)
+        self._add(entry.category, -entry.per_chip, grows=False)
         entry.category = category
         self._add(category, entry.per_chip)
 
-    def _add(self, category: str, per_chip: np.ndarray) -> None:
+    def _add(self, category: str, per_chip: int | np.ndarray, grows: bool = True) -> None:
+        """Add ``per_chip`` bytes to ``category``; a release (``grows`` False) cannot raise a peak."""
         live = self._live.get(category)
         if live is None:
             live = self._live[category] = np.zeros(self.mesh.shape, np.int64)
             self._peak[category] = np.zeros(self.mesh.shape, np.int64)
         live += per_chip
         self._total += per_chip
-        np.maximum(self._peak[category], live, out=self._peak[category])
-        np.maximum(self._total_peak, self._total, out=self._total_peak)
+        if grows:
+            np.maximum(self._peak[category], live, out=self._peak[category])
+            np.maximum(self._total_peak, self._total, out=self._total_peak)
 
-    def _check_capacity(self, value: Allocation, per_chip: np.ndarray) -> None:
+    def _check_capacity(self, value: Allocation, per_chip: int | np.ndarray) -> None:
         if self.capacity is None:
             return
         after = self._total + per_chip
@@ -192,7 +225,7 @@ class MemoryLedger:
             return
         chip = tuple(int(i) for i in np.unravel_index(int(np.argmax(after)), self.mesh.shape))
         coords = dict(zip(self.mesh.axis_names, chip))
-        live, want, cap = int(self._total[chip]), int(per_chip[chip]), int(self.capacity)
+        live, want, cap = int(self._total[chip]), _on(per_chip, chip), int(self.capacity)
         over = int((after > self.capacity).sum())
         by_cat = sorted(((int(v[chip]), c) for c, v in self._live.items() if v[chip] > 0), reverse=True)
         cats = ", ".join(f"{c} {fmt_bytes(n)}" for n, c in by_cat) or "nothing"
@@ -233,7 +266,7 @@ class MemoryLedger:
 
     def largest(self, chip: tuple[int, ...], n: int = 5) -> list[tuple[str, str, str, int]]:
         """The ``n`` largest live values on ``chip``: (label, layout, category, bytes)."""
-        rows = [(e.name(), e.layout, e.category, int(e.per_chip[chip])) for e in self._entries.values()]
+        rows = [(e.name(), e.layout, e.category, e.on(chip)) for e in self._entries.values()]
         rows = [r for r in rows if r[3] > 0]
         return sorted(rows, key=lambda r: -r[3])[:n]
 
