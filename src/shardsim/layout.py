@@ -15,7 +15,6 @@ partial-sum axis ("once a mesh dimension has been used it is spent").
 
 from __future__ import annotations
 
-import functools
 import numbers
 import re
 import sys
@@ -49,13 +48,13 @@ class Dim:
     axes: tuple[str, ...] = ()
 
     def __str__(self) -> str:
-        return self._text
-
-    # Layouts are immutable and printed for every trace event and ledger entry (shape-only
-    # steps print hundreds of thousands): the text is built once per object, on first use.
-    @functools.cached_property
-    def _text(self) -> str:
-        return self.name + _subscript(self.axes)
+        # Dims and layouts are immutable and printed for every trace event (shape-only steps
+        # print hundreds of thousands): the text is built once per object, on first use.
+        text: str | None = self.__dict__.get("_text")
+        if text is None:
+            text = self.name + _subscript(self.axes)
+            object.__setattr__(self, "_text", text)
+        return text
 
 
 @dataclass(frozen=True)
@@ -182,13 +181,12 @@ class Layout:
 
     # -- display ------------------------------------------------------------------------
     def __str__(self) -> str:
-        return self._text
-
-    @functools.cached_property
-    def _text(self) -> str:  # built once per layout, as Dim's (see there)
-        text = "[" + ", ".join(str(d) for d in self.dims) + "]"
-        if self.partial:
-            text += "{U" + _subscript(self.partial) + "}"
+        text: str | None = self.__dict__.get("_text")  # built once per layout, as Dim's (see there)
+        if text is None:
+            text = "[" + ", ".join([str(d) for d in self.dims]) + "]"
+            if self.partial:
+                text += "{U" + _subscript(self.partial) + "}"
+            object.__setattr__(self, "_text", text)
         return text
 
     def __repr__(self) -> str:

@@ -84,7 +84,7 @@ _MOST = 2**63 - 1  # the ledger's counts are int64: refuse what would wrap them
 @dataclass
 class _Entry:
     label: str
-    layout: str
+    layout: object  # printed only when a report asks (str of an immutable layout)
     category: str
     # bytes on each chip: an int when every chip holds the same (most values: no array to
     # build, and NumPy adds an int to the ledger's arrays faster), else an array of mesh.shape
@@ -169,10 +169,10 @@ class MemoryLedger:
                 )
         per_chip: int | np.ndarray = nbytes  # the same bytes on every chip
         if value.holders is not None:
-            per_chip = np.full(self.mesh.shape, nbytes, np.int64) * value.holders
+            per_chip = value.holders * np.int64(nbytes)
         self._check_capacity(value, per_chip)
         self._entries[value.storage] = _Entry(
-            value.label or "", str(value.layout), value.category, per_chip, ref=weakref.ref(value)
+            value.label or "", value.layout, value.category, per_chip, ref=weakref.ref(value)
         )
         self._add(value.category, per_chip)
         self._bound += nbytes
@@ -266,7 +266,7 @@ class MemoryLedger:
 
     def largest(self, chip: tuple[int, ...], n: int = 5) -> list[tuple[str, str, str, int]]:
         """The ``n`` largest live values on ``chip``: (label, layout, category, bytes)."""
-        rows = [(e.name(), e.layout, e.category, e.on(chip)) for e in self._entries.values()]
+        rows = [(e.name(), str(e.layout), e.category, e.on(chip)) for e in self._entries.values()]
         rows = [r for r in rows if r[3] > 0]
         return sorted(rows, key=lambda r: -r[3])[:n]
 
