@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import os
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -330,10 +331,10 @@ def record(
                 op=op,
                 axes=axes,
                 label=label,
-                before=tuple(str(x.layout) for x in inputs),
+                before=tuple([str(x.layout) for x in inputs]),
                 after=str(output.layout),
                 phase=_phase.get(),
-                dtype=str(output.dtype),
+                dtype=_dtype_name(output.dtype),
                 inputs=tuple(dict.fromkeys(s for x in inputs for s in x.sources)),
                 output=output.uid,
                 where=_where(inputs),
@@ -344,16 +345,27 @@ def record(
         )
 
 
+@functools.lru_cache(maxsize=64)
+def _dtype_name(dtype: np.dtype) -> str:
+    """``str(dtype)``, which NumPy builds anew in Python each time: an event per op asks."""
+    return str(dtype)
+
+
 def _where(inputs: Sequence[ShardedArray]) -> str:
     """``"Z1"``: the mesh coordinates all chips holding every input share ("" if every chip holds them)."""
     held = held_where(*inputs)
     if held is None:
         return ""
     mesh = inputs[0].mesh
-    chips = np.argwhere(held)
+    return _where_text(mesh.axis_names, mesh.shape, held.astype(bool, copy=False).tobytes())
+
+
+@functools.lru_cache(maxsize=1024)  # a pipeline's events name a few sets of chips, over and over
+def _where_text(axis_names: tuple[str, ...], shape: tuple[int, ...], held: bytes) -> str:
+    chips = np.argwhere(np.frombuffer(held, bool).reshape(shape))
     fixed = [
         f"{a}{int(chips[0, i])}"
-        for i, a in enumerate(mesh.axis_names)
-        if mesh.shape[i] > 1 and (chips[:, i] == chips[0, i]).all()
+        for i, a in enumerate(axis_names)
+        if shape[i] > 1 and (chips[:, i] == chips[0, i]).all()
     ]
     return ",".join(fixed) or f"{len(chips)} chips"
