@@ -546,8 +546,8 @@ def check_same_mesh(*arrays: ShardedArray) -> Mesh:
 
 def check_same_kind(*arrays: ShardedArray) -> bool:
     """True if all have data, False if all are shape-only; mixing is ShapeOnlyError."""
-    kinds = {a.is_shape_only for a in arrays}
-    if len(kinds) > 1:
+    shape_only = arrays[0].is_shape_only
+    if any(a.is_shape_only != shape_only for a in arrays[1:]):
         names = ", ".join(f"{a.describe()} ({'shape-only' if a.is_shape_only else 'data'})" for a in arrays)
         raise ShapeOnlyError(f"cannot mix shape-only values and values with data in one op: {names}")
-    return not kinds.pop()
+    return not shape_only

@@ -164,6 +164,9 @@ class Layout:
 
     def validate(self, axis_names: Sequence[str]) -> Layout:
         """Check every axis exists in ``axis_names`` and none is used twice."""
+        used = self.used_axes()
+        if len(set(used)) == len(used) and all(a in axis_names for a in used):
+            return self  # the usual case, checked without naming where each axis is used
         seen: dict[str, str] = {}
         for where, axes in [(str(d), d.axes) for d in self.dims] + [("{U}", self.partial)]:
             for a in axes:

@@ -16,6 +16,7 @@ array([4., 4., 4.])
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import operator
@@ -325,11 +326,17 @@ def sum_dim(x: ShardedArray, dim: str | int, *, keepdims: bool = False, label: s
     kept = (Dim(d.name),) if keepdims else ()
     layout = Layout(x.layout.dims[:i] + kept + x.layout.dims[i + 1 :], x.layout.partial + d.axes)
     shape = x.global_shape[:i] + ((1,) if keepdims else ()) + x.global_shape[i + 1 :]
-    dtype = np.sum(np.zeros(1, x.dtype)).dtype  # NumPy's: bool and small ints sum as int64
+    dtype = _sum_dtype(x.dtype)
     _check_partial_dtype(x, dtype, "sum")
     nm = len(x.mesh.shape)
     data = None if x.is_shape_only else engines.active().sum(x.compact(), nm + i, keepdims)
     return ShardedArray(x.mesh, layout, shape, dtype, data, label=label, derived_from=(x,))
+
+
+@functools.lru_cache(maxsize=64)
+def _sum_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype of a sum, NumPy's: bool and small ints sum as int64."""
+    return np.sum(np.zeros(1, dtype)).dtype
 
 
 def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: str, label: str | None) -> ShardedArray:
@@ -484,7 +491,19 @@ def _check_partial_dtype(x: ShardedArray, dtype: np.dtype, what: str) -> None:
 def _common_dtype(op: Callable[[Any, Any], Any], a: ShardedArray, b: ShardedArray, what: str) -> np.dtype:
     """The one dtype rule for two operands: NumPy's promotion (``np.result_type``) and the op's own
     result type; a pair NumPy has no common dtype for is refused (ml_dtypes 0.7, which shardsim
-    requires, gives bfloat16 one with every number type: with int32 float64, with float16 float32)."""
+    requires, gives bfloat16 one with every number type: with int32 float64, with float16 float32).
+    Answers are remembered per (op, dtypes): every elementwise op asks, NumPy's probes are slow."""
+    key = (op, a.dtype, b.dtype)
+    known = _common_dtypes.get(key)
+    if known is None:
+        known = _common_dtypes[key] = _find_common_dtype(op, a, b, what)  # raises for a pair refused
+    return known
+
+
+_common_dtypes: dict[tuple[Any, np.dtype, np.dtype], np.dtype] = {}
+
+
+def _find_common_dtype(op: Callable[[Any, Any], Any], a: ShardedArray, b: ShardedArray, what: str) -> np.dtype:
     try:
         common = np.result_type(a.dtype, b.dtype)
     except TypeError as e:  # DTypePromotionError
