@@ -397,23 +397,22 @@ def matmul_layout(a: Layout, b: Layout) -> Layout:
         )
     m, ka = a.dims[-2], a.dims[-1]
     kb, n = b.dims[-2], b.dims[-1]
-    where = f"{a} @ {b}"
     both_partial = set(a.partial) & set(b.partial)
     if both_partial:
         raise MatmulShardingError(
-            f"{where}: both operands are partial sums over {sorted(both_partial)}; the product of "
+            f"{a} @ {b}: both operands are partial sums over {sorted(both_partial)}; the product of "
             f"two sums is not the sum of products. AllReduce one operand over {sorted(both_partial)} first."
         )
     if ka.axes != kb.axes:
         if ka.axes and kb.axes:
             raise MatmulShardingError(
-                f"{where}: the contracting dimension is split differently on the two sides "
+                f"{a} @ {b}: the contracting dimension is split differently on the two sides "
                 f"({ka} vs {kb}). AllGather one side (or both) so the splits match, e.g. "
                 f"all_gather(a, {ka.axes!r}) or all_gather(b, {kb.axes!r})."
             )
         side, dim = ("left", ka) if ka.axes else ("right", kb)
         raise MatmulShardingError(
-            f"{where}: case 2 of the sharded matmul: the contracting dimension is split on the "
+            f"{a} @ {b}: case 2 of the sharded matmul: the contracting dimension is split on the "
             f"{side} operand only ({dim}). AllGather it first: all_gather({side} operand, {dim.axes!r}); "
             "or split the other operand's contracting dimension alike to get a partial sum."
         )
@@ -424,7 +423,7 @@ def matmul_layout(a: Layout, b: Layout) -> Layout:
         for ax in d.axes:
             if ax in used:
                 raise MatmulShardingError(
-                    f"{where}: case 4 of the sharded matmul: mesh axis {ax!r} splits both {used[ax]} "
+                    f"{a} @ {b}: case 4 of the sharded matmul: mesh axis {ax!r} splits both {used[ax]} "
                     f"and {d}, so each chip would hold only a diagonal block. AllGather one of them "
                     f"over {ax!r} first."
                 )
@@ -432,7 +431,7 @@ def matmul_layout(a: Layout, b: Layout) -> Layout:
     for ax in out_partial:
         if ax in used:
             raise MatmulShardingError(
-                f"{where}: mesh axis {ax!r} would both split {used[ax]} and carry a partial sum. "
+                f"{a} @ {b}: mesh axis {ax!r} would both split {used[ax]} and carry a partial sum. "
                 f"AllGather {used[ax]} over {ax!r} or reduce the partial over {ax!r} first."
             )
         used[ax] = "{U}"
@@ -441,7 +440,7 @@ def matmul_layout(a: Layout, b: Layout) -> Layout:
         clash = b_axes & {ax for d in batch for ax in d.axes}
         if clash:
             raise MatmulShardingError(
-                f"{where}: mesh axis {sorted(clash)} splits a batch dimension of the left operand "
+                f"{a} @ {b}: mesh axis {sorted(clash)} splits a batch dimension of the left operand "
                 "and the right operand too. AllGather the right operand first."
             )
     return Layout(out_dims, out_partial)

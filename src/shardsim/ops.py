@@ -57,7 +57,7 @@ def matmul(
             "do not fit ([..., M, K] @ [K, N])"
         )
     shape = a.global_shape[:-1] + (b.global_shape[-1],)
-    dtype = _common_dtype(np.matmul, a, b, f"{a.describe()} @ {b.describe()}")
+    dtype = _common_dtype(np.matmul, a, b, _Deferred(lambda a=a, b=b: f"{a.describe()} @ {b.describe()}"))
     a, b = promote(a, dtype), promote(b, dtype)
     data, lazy = None, None
     if has_data:
@@ -352,7 +352,9 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: st
             if np.ndim(scalar) != 0:
                 raise ShardingError(f"{x.describe()} {sym} a NumPy array: shard the array first so its layout is known")
             scalar = scalar[()]  # a 0-d array is its scalar, as NumPy treats it
-        what = f"{x.describe()} {sym} {scalar!r}" if x is a else f"{scalar!r} {sym} {x.describe()}"
+        what = _Deferred(
+            (lambda: f"{x.describe()} {sym} {scalar!r}") if x is a else (lambda: f"{scalar!r} {sym} {x.describe()}")
+        )
         probe = np.zeros(0, x.dtype)
         dtype = _result_dtype(op, (probe, scalar) if x is a else (scalar, probe), what)
         if x.is_partial:
@@ -366,7 +368,7 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: st
             if x.is_partial:
                 _check_no_overflow(x, data, what)
         return ShardedArray(mesh, x.layout, x.global_shape, dtype, data, label=label, derived_from=(x,))
-    what = f"{a.describe()} {sym} {b.describe()}"
+    what = _Deferred(lambda a=a, b=b: f"{a.describe()} {sym} {b.describe()}")
     layout, shape = _broadcast_layout(a, b, sym)
     if kind == "sum":
         if set(a.layout.partial) != set(b.layout.partial):
@@ -415,7 +417,25 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: st
     return ShardedArray(mesh, layout, shape, dtype, data, label=label, derived_from=(a, b))
 
 
-def _check_no_overflow(x: ShardedArray, data: np.ndarray, what: str) -> None:
+class _Deferred:
+    """Text built only when printed: how an op's errors name it (``x[B, D] (4, 8) + 2.0``).
+
+    Every elementwise op would otherwise print its operands, layouts and shapes for an error
+    it almost never raises."""
+
+    __slots__ = ("_make",)
+
+    def __init__(self, make: Callable[[], str]) -> None:
+        self._make = make
+
+    def __str__(self) -> str:
+        return self._make()
+
+
+Text = str | _Deferred  # what an error message names an op by
+
+
+def _check_no_overflow(x: ShardedArray, data: np.ndarray, what: Text) -> None:
     """A finite partial scaled by a finite factor must stay finite: a block that overflows to inf
     (3e308 * 10 on one chip, -2e308 * 10 on another) no longer adds up to the scaled sum."""
     if data.dtype.kind not in "fc" and data.dtype.name != "bfloat16":
@@ -437,7 +457,7 @@ def _finite(a: np.ndarray) -> np.ndarray:
     return np.isfinite(a.astype(np.complex128 if a.dtype.kind == "c" else np.float64))
 
 
-def _ndim(v: Any, what: str) -> int:
+def _ndim(v: Any, what: Text) -> int:
     """``np.ndim(v)``, or :class:`ArgumentTypeError` for what NumPy cannot make an array of (ragged lists)."""
     try:
         return int(np.ndim(v))
@@ -445,7 +465,7 @@ def _ndim(v: Any, what: str) -> int:
         raise ArgumentTypeError(f"{what}: NumPy cannot make an array of {type(v).__name__} {v!r:.60}") from None
 
 
-def _check_partial_scalar(x: ShardedArray, scalar: Any, x_first: bool, sym: str, kind: str, what: str) -> None:
+def _check_partial_scalar(x: ShardedArray, scalar: Any, x_first: bool, sym: str, kind: str, what: Text) -> None:
     """A partial sum meets a scalar: only ``x * c`` and ``x / c`` with a finite ``c`` (non-zero to
     divide) keep it the partial of the value."""
     axes = list(x.layout.partial)
@@ -460,7 +480,7 @@ def _check_partial_scalar(x: ShardedArray, scalar: Any, x_first: bool, sym: str,
     _check_finite_factor(np.asarray(scalar), sym, what)
 
 
-def _check_finite_factor(factor: np.ndarray, sym: str, what: str) -> None:
+def _check_finite_factor(factor: np.ndarray, sym: str, what: Text) -> None:
     """Scaling a partial by inf or nan, or dividing it by 0, is not the scaled sum: blocks 0 and 3
     times inf are nan and inf, which add to nan, while (0 + 3) * inf is inf."""
     f = np.asarray(factor)
@@ -475,7 +495,7 @@ def _check_finite_factor(factor: np.ndarray, sym: str, what: str) -> None:
         )
 
 
-def _check_partial_dtype(x: ShardedArray, dtype: np.dtype, what: str) -> None:
+def _check_partial_dtype(x: ShardedArray, dtype: np.dtype, what: Text) -> None:
     """A partial sum may change dtype only between float types (it is then reduced in the new
     dtype); an integer or bool partial wraps in its own dtype, so widening it would change its value."""
     if not x.is_partial or x.dtype == dtype:
@@ -488,7 +508,7 @@ def _check_partial_dtype(x: ShardedArray, dtype: np.dtype, what: str) -> None:
         )
 
 
-def _common_dtype(op: Callable[[Any, Any], Any], a: ShardedArray, b: ShardedArray, what: str) -> np.dtype:
+def _common_dtype(op: Callable[[Any, Any], Any], a: ShardedArray, b: ShardedArray, what: Text) -> np.dtype:
     """The one dtype rule for two operands: NumPy's promotion (``np.result_type``) and the op's own
     result type; a pair NumPy has no common dtype for is refused (ml_dtypes 0.7, which shardsim
     requires, gives bfloat16 one with every number type: with int32 float64, with float16 float32).
@@ -503,7 +523,7 @@ def _common_dtype(op: Callable[[Any, Any], Any], a: ShardedArray, b: ShardedArra
 _common_dtypes: dict[tuple[Any, np.dtype, np.dtype], np.dtype] = {}
 
 
-def _find_common_dtype(op: Callable[[Any, Any], Any], a: ShardedArray, b: ShardedArray, what: str) -> np.dtype:
+def _find_common_dtype(op: Callable[[Any, Any], Any], a: ShardedArray, b: ShardedArray, what: Text) -> np.dtype:
     try:
         common = np.result_type(a.dtype, b.dtype)
     except TypeError as e:  # DTypePromotionError
@@ -538,7 +558,7 @@ def promote(x: ShardedArray, dtype: np.dtype) -> ShardedArray:
     return y
 
 
-def _result_dtype(op: Callable[..., Any], operands: tuple[Any, ...], what: str) -> np.dtype:
+def _result_dtype(op: Callable[..., Any], operands: tuple[Any, ...], what: Text) -> np.dtype:
     """The dtype NumPy gives ``op`` on these operands (zero-size probes), the same with or without data."""
     try:
         # zero-size probes: nothing is computed, so no floating-point warnings (and no np.errstate,
