@@ -324,25 +324,28 @@ def record(
         label = " @ ".join(x.label or "?" for x in inputs)
     else:
         label = inputs[0].label or ""
-    for t in traces:
-        t.events.append(
-            Event(
-                index=len(t.events),
-                op=op,
-                axes=axes,
-                label=label,
-                before=tuple([str(x.layout) for x in inputs]),
-                after=str(output.layout),
-                phase=_phase.get(),
-                dtype=_dtype_name(output.dtype),
-                inputs=tuple(dict.fromkeys(s for x in inputs for s in x.sources)),
-                output=output.uid,
-                where=_where(inputs),
-                layer=_layer.get(),
-                item=_item.get(),
-                **numbers,
-            )
-        )
+    fields = {
+        "op": op,
+        "axes": axes,
+        "label": label,
+        "before": tuple([str(x.layout) for x in inputs]),
+        "after": str(output.layout),
+        "phase": _phase.get(),
+        "dtype": _dtype_name(output.dtype),
+        # one input's sources are already distinct
+        "inputs": inputs[0].sources if len(inputs) == 1 else tuple(dict.fromkeys(s for x in inputs for s in x.sources)),
+        "output": output.uid,
+        "where": _where(inputs),
+        "layer": _layer.get(),
+        "item": _item.get(),
+        **numbers,
+    }
+    event = None
+    for t in traces:  # nested traces (a step's inside a trainer's) share one event where its index agrees
+        index = len(t.events)
+        if event is None or event.index != index:
+            event = Event(index=index, **fields)
+        t.events.append(event)
 
 
 @functools.lru_cache(maxsize=64)
