@@ -105,6 +105,56 @@ def _on(per_chip: int | np.ndarray, chip: tuple[int, ...]) -> int:
     return per_chip if isinstance(per_chip, int) else int(per_chip[chip])
 
 
+class _Bytes:
+    """Live and peak bytes of one category (or of all) on every chip.
+
+    Most values are held by every chip: while only such values are live, every chip holds
+    the same bytes and the counts are Python ints (``flat``), with no NumPy call per value
+    (shape-only steps count tens of thousands). Once a value held on some chips only is
+    live, the live bytes are an array of ``mesh.shape`` (``shaped``) until the last such
+    value dies. The peak on each chip is ``max(peak_shaped, peak_flat)``.
+
+    >>> b = _Bytes((2,)); b.add(3); b.add(np.array([4, 0])); b.add(-3, grows=False); b.add(2)
+    >>> b.live().tolist(), b.peak().tolist()
+    ([6, 2], [7, 3])
+    """
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.flat = self.peak_flat = 0  # while `shaped` is None: every chip's live and peak bytes
+        self.shaped: np.ndarray | None = None
+        self.peak_shaped = np.zeros(shape, np.int64)
+        self.masked = 0  # live values held on some chips only
+
+    def add(self, per_chip: int | np.ndarray, grows: bool = True) -> None:
+        """Add ``per_chip`` bytes; a release (``grows`` False) cannot raise a peak."""
+        shaped = self.shaped
+        if per_chip.__class__ is int:
+            if shaped is None:
+                self.flat += per_chip  # type: ignore[operator]
+                if self.flat > self.peak_flat:
+                    self.peak_flat = self.flat
+                return
+        else:
+            self.masked += 1 if grows else -1
+            if shaped is None:
+                shaped = self.shaped = np.full(self.peak_shaped.shape, self.flat, np.int64)
+        shaped += per_chip
+        if grows:
+            np.maximum(self.peak_shaped, shaped, out=self.peak_shaped)
+        elif not self.masked:  # every chip holds the same again
+            self.flat, self.shaped = int(shaped.flat[0]), None
+
+    def live(self) -> np.ndarray:
+        shape = self.peak_shaped.shape
+        return np.full(shape, self.flat, np.int64) if self.shaped is None else self.shaped.copy()
+
+    def peak(self) -> np.ndarray:
+        return np.maximum(self.peak_shaped, self.peak_flat)
+
+    def reset_peak(self) -> None:
+        self.peak_shaped, self.peak_flat = self.live(), 0
+
+
 def per_chip(memory: Mapping[str, np.ndarray]) -> dict[str, int]:
     """The busiest chip's bytes in each category.
 
@@ -126,10 +176,8 @@ class MemoryLedger:
         self.mesh = mesh
         self._capacity: int | None = None
         self._entries: dict[int, _Entry] = {}
-        self._live: dict[str, np.ndarray] = {}
-        self._peak: dict[str, np.ndarray] = {}
-        self._total = np.zeros(mesh.shape, np.int64)
-        self._total_peak = np.zeros(mesh.shape, np.int64)
+        self._bytes: dict[str, _Bytes] = {}  # by category, in the order first seen
+        self._total = _Bytes(mesh.shape)
         # At least the busiest chip's bytes (every allocation adds its size, releases take
         # nothing off): while it stays far from the int64 limit, no allocation reads the
         # chips' totals to check it. Only a bound past the limit is recomputed exactly.
@@ -160,7 +208,7 @@ class MemoryLedger:
             return
         nbytes = value.local_nbytes
         if self._bound > _MOST - nbytes:
-            self._bound = int(self._total.max(initial=0))
+            self._bound = int(self._total.live().max(initial=0))
             if self._bound > _MOST - nbytes:  # int64 counts must not wrap
                 raise OutOfMemoryError(
                     f"{value.describe()} ({fmt_bytes(nbytes)} per chip) would take a chip past "
@@ -207,27 +255,25 @@ class MemoryLedger:
 
     def _add(self, category: str, per_chip: int | np.ndarray, grows: bool = True) -> None:
         """Add ``per_chip`` bytes to ``category``; a release (``grows`` False) cannot raise a peak."""
-        live = self._live.get(category)
-        if live is None:
-            live = self._live[category] = np.zeros(self.mesh.shape, np.int64)
-            self._peak[category] = np.zeros(self.mesh.shape, np.int64)
-        live += per_chip
-        self._total += per_chip
-        if grows:
-            np.maximum(self._peak[category], live, out=self._peak[category])
-            np.maximum(self._total_peak, self._total, out=self._total_peak)
+        counts = self._bytes.get(category)
+        if counts is None:
+            counts = self._bytes[category] = _Bytes(self.mesh.shape)
+        counts.add(per_chip, grows)
+        self._total.add(per_chip, grows)
 
     def _check_capacity(self, value: Allocation, per_chip: int | np.ndarray) -> None:
         if self.capacity is None:
             return
-        after = self._total + per_chip
+        total = self._total.live()
+        after = total + per_chip
         if (after <= self.capacity).all():
             return
         chip = tuple(int(i) for i in np.unravel_index(int(np.argmax(after)), self.mesh.shape))
         coords = dict(zip(self.mesh.axis_names, chip))
-        live, want, cap = int(self._total[chip]), _on(per_chip, chip), int(self.capacity)
+        live, want, cap = int(total[chip]), _on(per_chip, chip), int(self.capacity)
         over = int((after > self.capacity).sum())
-        by_cat = sorted(((int(v[chip]), c) for c, v in self._live.items() if v[chip] > 0), reverse=True)
+        on_chip = ((int(b.live()[chip]), c) for c, b in self._bytes.items())
+        by_cat = sorted(((n, c) for n, c in on_chip if n > 0), reverse=True)
         cats = ", ".join(f"{c} {fmt_bytes(n)}" for n, c in by_cat) or "nothing"
         raise OutOfMemoryError(
             f"out of memory on chip {self.mesh.chip_name(coords)}: cannot allocate {fmt_bytes(want)} "
@@ -243,26 +289,23 @@ class MemoryLedger:
     # -- queries ------------------------------------------------------------------------
     def live(self, category: str | None = None) -> np.ndarray:
         """Bytes live now on each chip (all categories, or one)."""
-        if category is None:
-            return self._total.copy()
-        return self._live.get(category, np.zeros(self.mesh.shape, np.int64)).copy()
+        counts = self._total if category is None else self._bytes.get(category)
+        return np.zeros(self.mesh.shape, np.int64) if counts is None else counts.live()
 
     def peak(self, category: str | None = None) -> np.ndarray:
         """Peak bytes on each chip since the last :meth:`reset_peak` (all categories, or one's own)."""
-        if category is None:
-            return self._total_peak.copy()
-        return self._peak.get(category, np.zeros(self.mesh.shape, np.int64)).copy()
+        counts = self._total if category is None else self._bytes.get(category)
+        return np.zeros(self.mesh.shape, np.int64) if counts is None else counts.peak()
 
     def categories(self) -> list[str]:
         """Categories seen so far, the standard ones first."""
-        seen = list(self._live)
+        seen = list(self._bytes)
         return [c for c in CATEGORIES if c in seen] + [c for c in seen if c not in CATEGORIES]
 
     def reset_peak(self) -> None:
         """Start measuring peaks from the bytes live now."""
-        self._total_peak = self._total.copy()
-        for c, live in self._live.items():
-            self._peak[c] = live.copy()
+        for counts in (self._total, *self._bytes.values()):
+            counts.reset_peak()
 
     def largest(self, chip: tuple[int, ...], n: int = 5) -> list[tuple[str, str, str, int]]:
         """The ``n`` largest live values on ``chip``: (label, layout, category, bytes)."""
