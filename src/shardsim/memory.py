@@ -21,7 +21,7 @@ from __future__ import annotations
 import numbers
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -81,7 +81,7 @@ CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries")
 _MOST = 2**63 - 1  # the ledger's counts are int64: refuse what would wrap them
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     label: str
     layout: object  # printed only when a report asks (str of an immutable layout)
@@ -91,6 +91,7 @@ class _Entry:
     per_chip: int | np.ndarray
     users: int = 1  # values sharing this buffer (a value and its transposes)
     ref: Any = None  # weak reference to the value, for the label it has now (named() comes later)
+    views: list[Any] = field(default_factory=list)  # weak references to the others, while it lives
 
     def name(self) -> str:
         value = self.ref() if self.ref is not None else None
@@ -182,7 +183,6 @@ class MemoryLedger:
         # nothing off): while it stays far from the int64 limit, no allocation reads the
         # chips' totals to check it. Only a bound past the limit is recomputed exactly.
         self._bound = 0
-        self._watched: set[weakref.ref[Any]] = set()  # a weak reference per value counted, until it dies
 
     @property
     def capacity(self) -> int | None:
@@ -201,10 +201,14 @@ class MemoryLedger:
     # -- bookkeeping (called by ShardedArray) -------------------------------------------
     def allocate(self, value: Allocation) -> None:
         """Count ``value``'s bytes until it dies (a view of a live buffer adds none)."""
-        shared = self._entries.get(value.storage)
+        storage = value.storage
+        # released when the value dies, as weakref.finalize would do, for less; the
+        # reference lives in the buffer's entry
+        ref = weakref.ref(value, lambda _: self.release(storage))
+        shared = self._entries.get(storage)
         if shared is not None:  # a view of a live buffer: no new bytes
             shared.users += 1
-            self._watch(value)
+            shared.views.append(ref)
             return
         nbytes = value.local_nbytes
         if self._bound > _MOST - nbytes:
@@ -218,23 +222,12 @@ class MemoryLedger:
         per_chip: int | np.ndarray = nbytes  # the same bytes on every chip
         if value.holders is not None:
             per_chip = value.holders * np.int64(nbytes)
-        self._check_capacity(value, per_chip)
-        self._entries[value.storage] = _Entry(
-            value.label or "", value.layout, value.category, per_chip, ref=weakref.ref(value)
-        )
-        self._add(value.category, per_chip)
+        if self._capacity is not None:
+            self._check_capacity(value, per_chip)
+        category = value.category
+        self._entries[storage] = _Entry(value.label or "", value.layout, category, per_chip, ref=ref)
+        self._add(category, per_chip)
         self._bound += nbytes
-        self._watch(value)
-
-    def _watch(self, value: Allocation) -> None:
-        """Release ``value``'s buffer when it dies (as ``weakref.finalize`` would, for less)."""
-        storage = value.storage
-
-        def died(ref: weakref.ref[Any]) -> None:
-            self._watched.discard(ref)
-            self.release(storage)
-
-        self._watched.add(weakref.ref(value, died))
 
     def release(self, storage: int) -> None:
         entry = self._entries.get(storage)
