@@ -384,7 +384,7 @@ def read_only(a: np.ndarray) -> np.ndarray:
 
 def local_shape_of(mesh: Mesh, layout: Layout, global_shape: Sequence[int]) -> tuple[int, ...]:
     """Each chip's block shape; raises DivisibilityError naming the dim, axes and sizes."""
-    if len(global_shape) != layout.rank:
+    if len(global_shape) != len(layout.dims):
         raise ShapeError(
             f"layout {layout} has {layout.rank} dimensions but the array has shape "
             f"{tuple(global_shape)} ({len(global_shape)} dimensions)"

@@ -15,6 +15,7 @@ partial-sum axis ("once a mesh dimension has been used it is spent").
 
 from __future__ import annotations
 
+import functools
 import numbers
 import re
 import sys
@@ -92,6 +93,11 @@ class Layout:
                 f"a layout is a string such as '[B_X, D_Y]', got {type(text).__name__} {text!r}"
                 + (f"; {SPEC_ROUTE}" if isinstance(text, (tuple, list)) else "")
             )
+        if type(text) is str and (axis_names is None or type(axis_names) is tuple):
+            try:
+                return _parsed(text, axis_names)  # type: ignore[arg-type]
+            except TypeError:  # an unhashable axis name: the parser refuses it, as below
+                pass
         return _Parser(text, axis_names).parse()
 
     # -- JAX PartitionSpec and DTensor placements: the mapping lives in shardsim.specs (a
@@ -235,6 +241,13 @@ def _axis_names(text: str, axis_names: Any) -> tuple[str, ...]:
             "a tuple of strings such as mesh.axis_names"
         )
     return names
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str, axis_names: tuple[str, ...] | None) -> Layout:
+    """A layout's text parsed once per mesh's axes: ops name their outputs' layouts in text,
+    over and over (layouts are immutable, so one object serves every caller)."""
+    return _Parser(text, axis_names).parse()
 
 
 class _Parser:

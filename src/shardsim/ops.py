@@ -228,13 +228,14 @@ def transpose(x: ShardedArray, order: Sequence[int] | None = None, *, label: str
     layout = x.layout.transposed(perm)
     shape = tuple(x.global_shape[i] for i in perm)
     nm = len(x.mesh.shape)
+    swaps_last_two = perm == [*range(x.ndim - 2), x.ndim - 1, x.ndim - 2]
     data, lazy = None, None
-    if x._lazy is not None and perm[:-2] == list(range(x.ndim - 2)) and perm[-2:] == [x.ndim - 1, x.ndim - 2]:
+    if x._lazy is not None and swaps_last_two:
         # (A @ B).T = B.T @ A.T: stay a lazy partial
         lazy = LazyMatmul(np.swapaxes(x._lazy.rhs, -1, -2), np.swapaxes(x._lazy.lhs, -1, -2))
     elif not x.is_shape_only:
         data = engines.active().transpose(x.compact(), nm, perm)
-    if label is None and x.label and perm[-2:] == [x.ndim - 1, x.ndim - 2] and perm[:-2] == list(range(x.ndim - 2)):
+    if label is None and x.label and swaps_last_two:
         label = transposed_label(x.label)
     return ShardedArray(
         x.mesh, layout, shape, x.dtype, data, lazy=lazy, label=label or x.label, category=x.category, view_of=x
@@ -573,6 +574,12 @@ def _result_dtype(op: Callable[..., Any], operands: tuple[Any, ...], what: Text)
 
 def _broadcast_layout(a: ShardedArray, b: ShardedArray, sym: str) -> tuple[Layout, tuple[int, ...]]:
     """NumPy broadcasting, aligned from the right; aligned dimensions must be split alike."""
+    if a.layout.dims == b.layout.dims and a.global_shape == b.global_shape:
+        # the usual case (x * y of one layout): the result's dims are the operands'; only a
+        # mesh axis splitting two of them is refused
+        used = [ax for d in a.layout.dims for ax in d.axes]
+        if len(set(used)) == len(used):
+            return Layout(a.layout.dims), tuple(a.global_shape)
     rank = max(a.ndim, b.ndim)
     dims: list[Dim] = []
     shape: list[int] = []
