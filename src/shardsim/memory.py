@@ -86,9 +86,9 @@ class _Entry:
     label: str
     layout: object  # printed only when a report asks (str of an immutable layout)
     category: str
-    # bytes on each chip: an int when every chip holds the same (most values: no array to
-    # build, and NumPy adds an int to the ledger's arrays faster), else an array of mesh.shape
-    per_chip: int | np.ndarray
+    nbytes: int  # on each chip that holds it
+    holders: np.ndarray | None  # the chips that hold it (None: every chip)
+    mask: bytes | None  # the holders as the ledger's chip classes know them
     users: int = 1  # values sharing this buffer (a value and its transposes)
     ref: Any = None  # weak reference to the value, for the label it has now (named() comes later)
     views: list[Any] = field(default_factory=list)  # weak references to the others, while it lives
@@ -99,61 +99,134 @@ class _Entry:
 
     def on(self, chip: tuple[int, ...]) -> int:
         """The bytes chip ``chip`` holds."""
-        return _on(self.per_chip, chip)
+        return self.nbytes if self.holders is None or self.holders[chip] else 0
 
 
-def _on(per_chip: int | np.ndarray, chip: tuple[int, ...]) -> int:
-    return per_chip if isinstance(per_chip, int) else int(per_chip[chip])
+# Past this many classes of chips (see _Classes), every chip is its own, counted in NumPy arrays.
+_MOST_CLASSES = 64
+
+
+class _Classes:
+    """The chips of a mesh in classes that each holders mask seen so far covers whole or misses
+    whole, so that every chip of a class holds the same bytes: the ledger counts per class.
+
+    A pipeline's values are held by one stage's chips: 512 chips in 2 stages are 2 classes,
+    and a value adds its bytes to one or two Python ints, not to NumPy arrays of 512 (on small
+    arrays NumPy's call costs more than the sums, and shape-only steps count tens of thousands
+    of values). Masks that would make more than ``_MOST_CLASSES`` classes make every chip its
+    own class, counted in NumPy arrays (``vector``).
+
+    >>> c = _Classes((4,))
+    >>> c.covered(None), c.covered(np.array([True, True, False, False])), c.of.tolist()
+    ((0,), (1,), [1, 1, 0, 0])
+    """
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+        self.of = np.zeros(shape, np.intp)  # each chip's class
+        self.every: tuple[int, ...] | slice = (0,)  # every class
+        self.vector = False
+        self.counters: list[_Bytes] = []  # the counts to split with the classes
+        self._covers: dict[bytes, Any] = {}  # a mask's classes (a tuple; chip indices when vector)
+
+    def key(self, holders: np.ndarray | None) -> bytes | None:
+        return None if holders is None else holders.astype(bool, copy=False).tobytes()
+
+    def covered(self, mask: bytes | np.ndarray | None) -> Any:
+        """The classes a holders mask (or its :meth:`key`) covers, splitting classes it cuts."""
+        if mask is None:
+            return self.every
+        key = mask if isinstance(mask, bytes) else self.key(mask)
+        hit = self._covers.get(key)
+        if hit is None:
+            hit = self._covers[key] = self._split(np.frombuffer(key, bool).reshape(self.shape))
+        return hit
+
+    def _split(self, mask: np.ndarray) -> Any:
+        if self.vector:
+            return np.flatnonzero(mask)
+        halves, of = np.unique(self.of * 2 + mask, return_inverse=True)
+        if len(halves) > _MOST_CLASSES:
+            self._vectorize()
+            return np.flatnonzero(mask)
+        if len(halves) > len(self.every):  # some class is cut in two: renumber, copying its counts
+            parent = (halves // 2).tolist()
+            self.of = of.reshape(self.shape)
+            for k, classes in self._covers.items():
+                self._covers[k] = tuple(j for j, p in enumerate(parent) if p in classes)
+            for counts in self.counters:
+                counts.split(parent)
+            self.every = tuple(range(len(halves)))
+        return tuple(j for j, h in enumerate(halves.tolist()) if h & 1)
+
+    def _vectorize(self) -> None:
+        for counts in self.counters:
+            counts.vectorize(self.of)
+        self.of = np.arange(self.of.size).reshape(self.shape)
+        self.vector, self.every = True, slice(None)
+        self._covers = {k: np.flatnonzero(np.frombuffer(k, bool)) for k in self._covers}
+
+    def counts(self) -> _Bytes:
+        """New counts (all zero) that follow these classes."""
+        counts = _Bytes(self)
+        self.counters.append(counts)
+        return counts
 
 
 class _Bytes:
-    """Live and peak bytes of one category (or of all) on every chip.
+    """Live and peak bytes of one category (or of all), per class of chips (see :class:`_Classes`).
 
-    Most values are held by every chip: while only such values are live, every chip holds
-    the same bytes and the counts are Python ints (``flat``), with no NumPy call per value
-    (shape-only steps count tens of thousands). Once a value held on some chips only is
-    live, the live bytes are an array of ``mesh.shape`` (``shaped``) until the last such
-    value dies. The peak on each chip is ``max(peak_shaped, peak_flat)``.
-
-    >>> b = _Bytes((2,)); b.add(3); b.add(np.array([4, 0])); b.add(-3, grows=False); b.add(2)
+    >>> chips = _Classes((2,)); b = chips.counts()
+    >>> b.add(chips.covered(None), 3); b.add(chips.covered(np.array([True, False])), 4)
+    >>> b.add(chips.covered(None), -3, grows=False); b.add(chips.covered(None), 2)
     >>> b.live().tolist(), b.peak().tolist()
     ([6, 2], [7, 3])
     """
 
-    def __init__(self, shape: tuple[int, ...]) -> None:
-        self.flat = self.peak_flat = 0  # while `shaped` is None: every chip's live and peak bytes
-        self.shaped: np.ndarray | None = None
-        self.peak_shaped = np.zeros(shape, np.int64)
-        self.masked = 0  # live values held on some chips only
+    def __init__(self, chips: _Classes) -> None:
+        self.chips = chips
+        n = chips.of.size if chips.vector else len(chips.every)
+        self._live: Any = np.zeros(n, np.int64) if chips.vector else [0] * n
+        self._peak: Any = np.zeros(n, np.int64) if chips.vector else [0] * n
 
-    def add(self, per_chip: int | np.ndarray, grows: bool = True) -> None:
-        """Add ``per_chip`` bytes; a release (``grows`` False) cannot raise a peak."""
-        shaped = self.shaped
-        if per_chip.__class__ is int:
-            if shaped is None:
-                self.flat += per_chip  # type: ignore[operator]
-                if self.flat > self.peak_flat:
-                    self.peak_flat = self.flat
-                return
-        else:
-            self.masked += 1 if grows else -1
-            if shaped is None:
-                shaped = self.shaped = np.full(self.peak_shaped.shape, self.flat, np.int64)
-        shaped += per_chip
-        if grows:
-            np.maximum(self.peak_shaped, shaped, out=self.peak_shaped)
-        elif not self.masked:  # every chip holds the same again
-            self.flat, self.shaped = int(shaped.flat[0]), None
+    def add(self, classes: Any, nbytes: int, grows: bool = True) -> None:
+        """Add ``nbytes`` to each of ``classes``; a release (``grows`` False) cannot raise a peak."""
+        live, peak = self._live, self._peak
+        if self.chips.vector:
+            live[classes] += nbytes
+            if grows:
+                np.maximum(peak, live, out=peak)
+            return
+        for k in classes:
+            live[k] += nbytes
+            if grows and live[k] > peak[k]:
+                peak[k] = live[k]
+
+    def split(self, parent: list[int]) -> None:
+        """Class ``j`` is now part of what was class ``parent[j]``."""
+        self._live = [self._live[p] for p in parent]
+        self._peak = [self._peak[p] for p in parent]
+
+    def vectorize(self, of: np.ndarray) -> None:
+        """Every chip its own class (``of``: each chip's class until now)."""
+        self._live = np.array(self._live, np.int64)[of].ravel()
+        self._peak = np.array(self._peak, np.int64)[of].ravel()
+
+    def _chips(self, counts: Any) -> np.ndarray:
+        return np.array(counts, np.int64)[self.chips.of]  # a new array, indexed by chip
 
     def live(self) -> np.ndarray:
-        shape = self.peak_shaped.shape
-        return np.full(shape, self.flat, np.int64) if self.shaped is None else self.shaped.copy()
+        return self._chips(self._live)
 
     def peak(self) -> np.ndarray:
-        return np.maximum(self.peak_shaped, self.peak_flat)
+        return self._chips(self._peak)
+
+    def most(self) -> int:
+        """The busiest chip's live bytes."""
+        return int(self._live.max() if self.chips.vector else max(self._live))
 
     def reset_peak(self) -> None:
-        self.peak_shaped, self.peak_flat = self.live(), 0
+        self._peak = self._live.copy()
 
 
 def per_chip(memory: Mapping[str, np.ndarray]) -> dict[str, int]:
@@ -177,8 +250,9 @@ class MemoryLedger:
         self.mesh = mesh
         self._capacity: int | None = None
         self._entries: dict[int, _Entry] = {}
+        self._chips = _Classes(mesh.shape)
         self._bytes: dict[str, _Bytes] = {}  # by category, in the order first seen
-        self._total = _Bytes(mesh.shape)
+        self._total = self._chips.counts()
         # At least the busiest chip's bytes (every allocation adds its size, releases take
         # nothing off): while it stays far from the int64 limit, no allocation reads the
         # chips' totals to check it. Only a bound past the limit is recomputed exactly.
@@ -212,21 +286,19 @@ class MemoryLedger:
             return
         nbytes = value.local_nbytes
         if self._bound > _MOST - nbytes:
-            self._bound = int(self._total.live().max(initial=0))
+            self._bound = self._total.most()
             if self._bound > _MOST - nbytes:  # int64 counts must not wrap
                 raise OutOfMemoryError(
                     f"{value.describe()} ({fmt_bytes(nbytes)} per chip) would take a chip past "
                     f"{fmt_bytes(_MOST)}, the most the ledger counts and far more than any chip holds; "
                     "release values or use smaller sizes"
                 )
-        per_chip: int | np.ndarray = nbytes  # the same bytes on every chip
-        if value.holders is not None:
-            per_chip = value.holders * np.int64(nbytes)
+        holders = value.holders
         if self._capacity is not None:
-            self._check_capacity(value, per_chip)
-        category = value.category
-        self._entries[storage] = _Entry(value.label or "", value.layout, category, per_chip, ref=ref)
-        self._add(category, per_chip)
+            self._check_capacity(value, nbytes if holders is None else holders * np.int64(nbytes))
+        category, mask = value.category, self._chips.key(holders)
+        self._entries[storage] = _Entry(value.label or "", value.layout, category, nbytes, holders, mask, ref=ref)
+        self._add(category, mask, nbytes)
         self._bound += nbytes
 
     def release(self, storage: int) -> None:
@@ -236,23 +308,25 @@ class MemoryLedger:
         entry.users -= 1
         if entry.users == 0:
             del self._entries[storage]
-            self._add(entry.category, -entry.per_chip, grows=False)
+            self._add(entry.category, entry.mask, -entry.nbytes, grows=False)
 
     def recategorize(self, value: Allocation, category: str) -> None:
         entry = self._entries.get(value.storage)
         if entry is None or entry.category == category:
             return
-        self._add(entry.category, -entry.per_chip, grows=False)
+        self._add(entry.category, entry.mask, -entry.nbytes, grows=False)
         entry.category = category
-        self._add(category, entry.per_chip)
+        self._add(category, entry.mask, entry.nbytes)
 
-    def _add(self, category: str, per_chip: int | np.ndarray, grows: bool = True) -> None:
-        """Add ``per_chip`` bytes to ``category``; a release (``grows`` False) cannot raise a peak."""
+    def _add(self, category: str, mask: bytes | None, nbytes: int, grows: bool = True) -> None:
+        """Add ``nbytes`` to ``category`` on the chips of ``mask`` (a release, ``grows`` False,
+        cannot raise a peak)."""
         counts = self._bytes.get(category)
         if counts is None:
-            counts = self._bytes[category] = _Bytes(self.mesh.shape)
-        counts.add(per_chip, grows)
-        self._total.add(per_chip, grows)
+            counts = self._bytes[category] = self._chips.counts()
+        classes = self._chips.covered(mask)
+        counts.add(classes, nbytes, grows)
+        self._total.add(classes, nbytes, grows)
 
     def _check_capacity(self, value: Allocation, per_chip: int | np.ndarray) -> None:
         if self.capacity is None:
@@ -263,7 +337,7 @@ class MemoryLedger:
             return
         chip = tuple(int(i) for i in np.unravel_index(int(np.argmax(after)), self.mesh.shape))
         coords = dict(zip(self.mesh.axis_names, chip))
-        live, want, cap = int(total[chip]), _on(per_chip, chip), int(self.capacity)
+        live, want, cap = int(total[chip]), int(np.broadcast_to(per_chip, total.shape)[chip]), int(self.capacity)
         over = int((after > self.capacity).sum())
         on_chip = ((int(b.live()[chip]), c) for c, b in self._bytes.items())
         by_cat = sorted(((n, c) for n, c in on_chip if n > 0), reverse=True)
