@@ -125,6 +125,7 @@ class _Classes:
         self.shape = shape
         self.of = np.zeros(shape, np.intp)  # each chip's class
         self.every: tuple[int, ...] | slice = (0,)  # every class
+        self.count = 1  # classes (chips, once vector)
         self.vector = False
         self.counters: list[_Bytes] = []  # the counts to split with the classes
         self._covers: dict[bytes, Any] = {}  # a mask's classes (a tuple; chip indices when vector)
@@ -136,10 +137,10 @@ class _Classes:
         """The classes a holders mask (or its :meth:`key`) covers, splitting classes it cuts."""
         if mask is None:
             return self.every
-        key = mask if isinstance(mask, bytes) else self.key(mask)
+        key = mask if isinstance(mask, bytes) else mask.astype(bool, copy=False).tobytes()
         hit = self._covers.get(key)
         if hit is None:
-            hit = self._covers[key] = self._split(np.frombuffer(key, bool).reshape(self.shape))
+            hit = self._covers[key] = self._split(np.frombuffer(key, np.bool_).reshape(self.shape))
         return hit
 
     def _split(self, mask: np.ndarray) -> Any:
@@ -149,22 +150,22 @@ class _Classes:
         if len(halves) > _MOST_CLASSES:
             self._vectorize()
             return np.flatnonzero(mask)
-        if len(halves) > len(self.every):  # some class is cut in two: renumber, copying its counts
+        if len(halves) > self.count:  # some class is cut in two: renumber, copying its counts
             parent = (halves // 2).tolist()
             self.of = of.reshape(self.shape)
             for k, classes in self._covers.items():
                 self._covers[k] = tuple(j for j, p in enumerate(parent) if p in classes)
             for counts in self.counters:
                 counts.split(parent)
-            self.every = tuple(range(len(halves)))
+            self.count, self.every = len(halves), tuple(range(len(halves)))
         return tuple(j for j, h in enumerate(halves.tolist()) if h & 1)
 
     def _vectorize(self) -> None:
         for counts in self.counters:
             counts.vectorize(self.of)
         self.of = np.arange(self.of.size).reshape(self.shape)
-        self.vector, self.every = True, slice(None)
-        self._covers = {k: np.flatnonzero(np.frombuffer(k, bool)) for k in self._covers}
+        self.vector, self.every, self.count = True, slice(None), self.of.size
+        self._covers = {k: np.flatnonzero(np.frombuffer(k, np.bool_)) for k in self._covers}
 
     def counts(self) -> _Bytes:
         """New counts (all zero) that follow these classes."""
@@ -185,7 +186,7 @@ class _Bytes:
 
     def __init__(self, chips: _Classes) -> None:
         self.chips = chips
-        n = chips.of.size if chips.vector else len(chips.every)
+        n = chips.count
         self._live: Any = np.zeros(n, np.int64) if chips.vector else [0] * n
         self._peak: Any = np.zeros(n, np.int64) if chips.vector else [0] * n
 

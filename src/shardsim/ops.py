@@ -26,12 +26,15 @@ from typing import Any
 import numpy as np
 
 from . import activations, engines, tracing
+from ._format import Deferred
 from .array import ShardedArray, check_same_kind, check_same_mesh, require_array
 from .dtypes import resolve_dtype
 from .engines.stacked import LazyMatmul
 from .errors import ArgumentTypeError, DtypeError, PartialSumError, ShapeError, ShardingError
 from .holders import held_where
 from .layout import Dim, Layout, matmul_layout
+
+Text = str | Deferred  # how an error names an op: built only if one is raised
 
 
 def matmul(
@@ -57,7 +60,7 @@ def matmul(
             "do not fit ([..., M, K] @ [K, N])"
         )
     shape = a.global_shape[:-1] + (b.global_shape[-1],)
-    dtype = _common_dtype(np.matmul, a, b, _Deferred(lambda a=a, b=b: f"{a.describe()} @ {b.describe()}"))
+    dtype = _common_dtype(np.matmul, a, b, Deferred(lambda: f"{a.describe()} @ {b.describe()}"))
     a, b = promote(a, dtype), promote(b, dtype)
     data, lazy = None, None
     if has_data:
@@ -353,9 +356,7 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: st
             if np.ndim(scalar) != 0:
                 raise ShardingError(f"{x.describe()} {sym} a NumPy array: shard the array first so its layout is known")
             scalar = scalar[()]  # a 0-d array is its scalar, as NumPy treats it
-        what = _Deferred(
-            (lambda: f"{x.describe()} {sym} {scalar!r}") if x is a else (lambda: f"{scalar!r} {sym} {x.describe()}")
-        )
+        what = Deferred(lambda: f"{x.describe()} {sym} {scalar!r}" if x is a else f"{scalar!r} {sym} {x.describe()}")
         probe = np.zeros(0, x.dtype)
         dtype = _result_dtype(op, (probe, scalar) if x is a else (scalar, probe), what)
         if x.is_partial:
@@ -369,7 +370,7 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: st
             if x.is_partial:
                 _check_no_overflow(x, data, what)
         return ShardedArray(mesh, x.layout, x.global_shape, dtype, data, label=label, derived_from=(x,))
-    what = _Deferred(lambda a=a, b=b: f"{a.describe()} {sym} {b.describe()}")
+    what = Deferred(lambda: f"{a.describe()} {sym} {b.describe()}")
     layout, shape = _broadcast_layout(a, b, sym)
     if kind == "sum":
         if set(a.layout.partial) != set(b.layout.partial):
@@ -416,24 +417,6 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: st
             if v.is_partial:
                 _check_no_overflow(v, data, what)
     return ShardedArray(mesh, layout, shape, dtype, data, label=label, derived_from=(a, b))
-
-
-class _Deferred:
-    """Text built only when printed: how an op's errors name it (``x[B, D] (4, 8) + 2.0``).
-
-    Every elementwise op would otherwise print its operands, layouts and shapes for an error
-    it almost never raises."""
-
-    __slots__ = ("_make",)
-
-    def __init__(self, make: Callable[[], str]) -> None:
-        self._make = make
-
-    def __str__(self) -> str:
-        return self._make()
-
-
-Text = str | _Deferred  # what an error message names an op by
 
 
 def _check_no_overflow(x: ShardedArray, data: np.ndarray, what: Text) -> None:
