@@ -104,13 +104,15 @@ class Mesh:
         >>> Mesh(X=2, Y=4).axis_size(("X", "Y"))
         8
         """
-        known = self._sizes.get(axis) if type(axis) in (str, tuple) else None  # type: ignore[arg-type]
+        known = self._sizes.get(axis) if type(axis) is str else None
+        if type(axis) is tuple and all(type(a) is str for a in axis):
+            known = self._sizes.get(axis)
         if known is not None:
             return known
         n = 1
         for a in normalize_axes(axis):
             n *= self._axes[self.check_axis(a)]
-        if type(axis) in (str, tuple):  # a checked name or tuple of names: the same answer next time
+        if type(axis) in (str, tuple):  # checked names: the same answer next time
             self._sizes[axis] = n  # type: ignore[index]
         return n
 
