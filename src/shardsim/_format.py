@@ -16,7 +16,25 @@ matmul            -
 from __future__ import annotations
 
 import html
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+
+
+class Deferred:
+    """Text built only when printed, such as how an op's errors name it (``x[B, D] (4, 8) + 2.0``):
+    every elementwise op would otherwise print its operands for an error it almost never raises.
+
+    >>> f"{Deferred(lambda: 'a' + 'b')}"
+    'ab'
+    """
+
+    __slots__ = ("_make",)
+
+    def __init__(self, make: Callable[[], str]) -> None:
+        self._make = make
+
+    def __str__(self) -> str:
+        return self._make()
+
 
 _SI = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -187,9 +186,10 @@ class ShardedArray:
         self._lazy = lazy
         self._category = category
         origins = (view_of,) if view_of is not None else tuple(derived_from)
-        self.holders = holders if holders is not None else held_where(*origins)
-        if self.holders is not None and self.holders.all():
-            self.holders = None  # held by every chip: the usual case, spelled one way
+        if holders is None:  # the origins' chips: never all of them (each origin's are not)
+            self.holders = held_where(*origins)
+        else:
+            self.holders = None if holders.all() else holders  # held by every chip: spelled one way
         self.local_shape = local_shape_of(mesh, layout, global_shape)
         self.local_nbytes = math.prod(self.local_shape) * dtype.itemsize
         if self.local_nbytes >= MAX_BYTES:
@@ -199,9 +199,11 @@ class ShardedArray:
             )
         self.storage: int = view_of.storage if view_of is not None else self.uid
         # the traced values (event outputs or program inputs) this one derives from
-        self.sources: tuple[int, ...] = tuple(dict.fromkeys(s for v in origins for s in v.sources)) or (self.uid,)
-        mesh.memory.allocate(self)
-        weakref.finalize(self, mesh.memory.release, self.storage)
+        if len(origins) == 1:  # the usual case: one origin, whose sources are already distinct
+            self.sources: tuple[int, ...] = origins[0].sources
+        else:
+            self.sources = tuple(dict.fromkeys(s for v in origins for s in v.sources)) or (self.uid,)
+        mesh.memory.allocate(self)  # counted until this value dies
 
     # -- basic properties ---------------------------------------------------------------
     @property
@@ -382,7 +384,7 @@ def read_only(a: np.ndarray) -> np.ndarray:
 
 def local_shape_of(mesh: Mesh, layout: Layout, global_shape: Sequence[int]) -> tuple[int, ...]:
     """Each chip's block shape; raises DivisibilityError naming the dim, axes and sizes."""
-    if len(global_shape) != layout.rank:
+    if len(global_shape) != len(layout.dims):
         raise ShapeError(
             f"layout {layout} has {layout.rank} dimensions but the array has shape "
             f"{tuple(global_shape)} ({len(global_shape)} dimensions)"
@@ -391,7 +393,10 @@ def local_shape_of(mesh: Mesh, layout: Layout, global_shape: Sequence[int]) -> t
     for n, d in zip(global_shape, layout.dims):
         if n < 0:
             raise ShapeError(f"dimension {d.name} of layout {layout} has negative size {n}")
-        parts = mesh.axis_size(d.axes) if d.axes else 1
+        if not d.axes:
+            out.append(n)
+            continue
+        parts = mesh.axis_size(d.axes)
         if n % parts:
             sizes = " x ".join(f"{a}={mesh.axis_size(a)}" for a in d.axes)
             fits = [k for k in range(max(parts, 1), n + parts + 1, parts) if k][:3]
@@ -541,8 +546,8 @@ def check_same_mesh(*arrays: ShardedArray) -> Mesh:
 
 def check_same_kind(*arrays: ShardedArray) -> bool:
     """True if all have data, False if all are shape-only; mixing is ShapeOnlyError."""
-    kinds = {a.is_shape_only for a in arrays}
-    if len(kinds) > 1:
+    shape_only = arrays[0].is_shape_only
+    if any(a.is_shape_only != shape_only for a in arrays[1:]):
         names = ", ".join(f"{a.describe()} ({'shape-only' if a.is_shape_only else 'data'})" for a in arrays)
         raise ShapeOnlyError(f"cannot mix shape-only values and values with data in one op: {names}")
-    return not kinds.pop()
+    return not shape_only

@@ -33,6 +33,22 @@ PRECISION_DTYPES: dict[str, tuple[str, str | None]] = {
 def resolve_dtype(dtype: Any) -> np.dtype:
     """A NumPy dtype from a name (``"bfloat16"`` comes from ml_dtypes) or a dtype."""
     if isinstance(dtype, str) and dtype in ("bfloat16", "bf16"):
+        return _resolve(dtype)  # imports ml_dtypes, each time: a missing package is reported
+    try:  # every op of a shape-only step asks again: answers are remembered
+        key = (type(dtype), dtype)
+        known = _resolved.get(key)
+    except TypeError:  # unhashable: resolved (or refused) below, each time
+        return _resolve(dtype)
+    if known is None:
+        known = _resolved[key] = _resolve(dtype)
+    return known
+
+
+_resolved: dict[tuple[type, Any], np.dtype] = {}
+
+
+def _resolve(dtype: Any) -> np.dtype:
+    if isinstance(dtype, str) and dtype in ("bfloat16", "bf16"):
         try:
             import ml_dtypes
         except ImportError:  # pragma: no cover - depends on the environment

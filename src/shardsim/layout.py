@@ -15,6 +15,7 @@ partial-sum axis ("once a mesh dimension has been used it is spent").
 
 from __future__ import annotations
 
+import functools
 import numbers
 import re
 import sys
@@ -48,7 +49,13 @@ class Dim:
     axes: tuple[str, ...] = ()
 
     def __str__(self) -> str:
-        return self.name + _subscript(self.axes)
+        # Dims and layouts are immutable and printed for every trace event (shape-only steps
+        # print hundreds of thousands): the text is built once per object, on first use.
+        text: str | None = self.__dict__.get("_text")
+        if text is None:
+            text = self.name + _subscript(self.axes)
+            object.__setattr__(self, "_text", text)
+        return text
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,11 @@ class Layout:
                 f"a layout is a string such as '[B_X, D_Y]', got {type(text).__name__} {text!r}"
                 + (f"; {SPEC_ROUTE}" if isinstance(text, (tuple, list)) else "")
             )
+        if type(text) is str and (axis_names is None or type(axis_names) is tuple):
+            try:
+                return _parsed(text, axis_names)  # type: ignore[arg-type]
+            except TypeError:  # an unhashable axis name: the parser refuses it, as below
+                pass
         return _Parser(text, axis_names).parse()
 
     # -- JAX PartitionSpec and DTensor placements: the mapping lives in shardsim.specs (a
@@ -158,6 +170,9 @@ class Layout:
 
     def validate(self, axis_names: Sequence[str]) -> Layout:
         """Check every axis exists in ``axis_names`` and none is used twice."""
+        used = self.used_axes()
+        if len(set(used)) == len(used) and all(a in axis_names for a in used):
+            return self  # the usual case, checked without naming where each axis is used
         seen: dict[str, str] = {}
         for where, axes in [(str(d), d.axes) for d in self.dims] + [("{U}", self.partial)]:
             for a in axes:
@@ -175,9 +190,12 @@ class Layout:
 
     # -- display ------------------------------------------------------------------------
     def __str__(self) -> str:
-        text = "[" + ", ".join(str(d) for d in self.dims) + "]"
-        if self.partial:
-            text += "{U" + _subscript(self.partial) + "}"
+        text: str | None = self.__dict__.get("_text")  # built once per layout, as Dim's (see there)
+        if text is None:
+            text = "[" + ", ".join([str(d) for d in self.dims]) + "]"
+            if self.partial:
+                text += "{U" + _subscript(self.partial) + "}"
+            object.__setattr__(self, "_text", text)
         return text
 
     def __repr__(self) -> str:
@@ -223,6 +241,13 @@ def _axis_names(text: str, axis_names: Any) -> tuple[str, ...]:
             "a tuple of strings such as mesh.axis_names"
         )
     return names
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str, axis_names: tuple[str, ...] | None) -> Layout:
+    """A layout's text parsed once per mesh's axes: ops name their outputs' layouts in text,
+    over and over (layouts are immutable, so one object serves every caller)."""
+    return _Parser(text, axis_names).parse()
 
 
 class _Parser:
@@ -385,23 +410,22 @@ def matmul_layout(a: Layout, b: Layout) -> Layout:
         )
     m, ka = a.dims[-2], a.dims[-1]
     kb, n = b.dims[-2], b.dims[-1]
-    where = f"{a} @ {b}"
     both_partial = set(a.partial) & set(b.partial)
     if both_partial:
         raise MatmulShardingError(
-            f"{where}: both operands are partial sums over {sorted(both_partial)}; the product of "
+            f"{a} @ {b}: both operands are partial sums over {sorted(both_partial)}; the product of "
             f"two sums is not the sum of products. AllReduce one operand over {sorted(both_partial)} first."
         )
     if ka.axes != kb.axes:
         if ka.axes and kb.axes:
             raise MatmulShardingError(
-                f"{where}: the contracting dimension is split differently on the two sides "
+                f"{a} @ {b}: the contracting dimension is split differently on the two sides "
                 f"({ka} vs {kb}). AllGather one side (or both) so the splits match, e.g. "
                 f"all_gather(a, {ka.axes!r}) or all_gather(b, {kb.axes!r})."
             )
         side, dim = ("left", ka) if ka.axes else ("right", kb)
         raise MatmulShardingError(
-            f"{where}: case 2 of the sharded matmul: the contracting dimension is split on the "
+            f"{a} @ {b}: case 2 of the sharded matmul: the contracting dimension is split on the "
             f"{side} operand only ({dim}). AllGather it first: all_gather({side} operand, {dim.axes!r}); "
             "or split the other operand's contracting dimension alike to get a partial sum."
         )
@@ -412,7 +436,7 @@ def matmul_layout(a: Layout, b: Layout) -> Layout:
         for ax in d.axes:
             if ax in used:
                 raise MatmulShardingError(
-                    f"{where}: case 4 of the sharded matmul: mesh axis {ax!r} splits both {used[ax]} "
+                    f"{a} @ {b}: case 4 of the sharded matmul: mesh axis {ax!r} splits both {used[ax]} "
                     f"and {d}, so each chip would hold only a diagonal block. AllGather one of them "
                     f"over {ax!r} first."
                 )
@@ -420,7 +444,7 @@ def matmul_layout(a: Layout, b: Layout) -> Layout:
     for ax in out_partial:
         if ax in used:
             raise MatmulShardingError(
-                f"{where}: mesh axis {ax!r} would both split {used[ax]} and carry a partial sum. "
+                f"{a} @ {b}: mesh axis {ax!r} would both split {used[ax]} and carry a partial sum. "
                 f"AllGather {used[ax]} over {ax!r} or reduce the partial over {ax!r} first."
             )
         used[ax] = "{U}"
@@ -429,7 +453,7 @@ def matmul_layout(a: Layout, b: Layout) -> Layout:
         clash = b_axes & {ax for d in batch for ax in d.axes}
         if clash:
             raise MatmulShardingError(
-                f"{where}: mesh axis {sorted(clash)} splits a batch dimension of the left operand "
+                f"{a} @ {b}: mesh axis {sorted(clash)} splits a batch dimension of the left operand "
                 "and the right operand too. AllGather the right operand first."
             )
     return Layout(out_dims, out_partial)

@@ -95,6 +95,7 @@ class Mesh:
         self._ledger: MemoryLedger | None = None
         self.failed: set[tuple[int, ...]] = set()
         self._slow: dict[tuple[int, ...], float] = {}
+        self._sizes: dict[str | tuple[str, ...], int] = {}  # axis_size's answers, asked once per op
 
     # -- axes ---------------------------------------------------------------------------
     def axis_size(self, axis: str | Iterable[str]) -> int:
@@ -103,9 +104,16 @@ class Mesh:
         >>> Mesh(X=2, Y=4).axis_size(("X", "Y"))
         8
         """
+        known = self._sizes.get(axis) if type(axis) is str else None
+        if type(axis) is tuple and all(type(a) is str for a in axis):
+            known = self._sizes.get(axis)
+        if known is not None:
+            return known
         n = 1
         for a in normalize_axes(axis):
             n *= self._axes[self.check_axis(a)]
+        if type(axis) in (str, tuple):  # checked names: the same answer next time
+            self._sizes[axis] = n  # type: ignore[index]
         return n
 
     def axis_index(self, axis: str) -> int:

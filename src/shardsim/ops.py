@@ -16,6 +16,7 @@ array([4., 4., 4.])
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import operator
@@ -25,12 +26,15 @@ from typing import Any
 import numpy as np
 
 from . import activations, engines, tracing
+from ._format import Deferred
 from .array import ShardedArray, check_same_kind, check_same_mesh, require_array
 from .dtypes import resolve_dtype
 from .engines.stacked import LazyMatmul
 from .errors import ArgumentTypeError, DtypeError, PartialSumError, ShapeError, ShardingError
 from .holders import held_where
 from .layout import Dim, Layout, matmul_layout
+
+Text = str | Deferred  # how an error names an op: built only if one is raised
 
 
 def matmul(
@@ -56,7 +60,7 @@ def matmul(
             "do not fit ([..., M, K] @ [K, N])"
         )
     shape = a.global_shape[:-1] + (b.global_shape[-1],)
-    dtype = _common_dtype(np.matmul, a, b, f"{a.describe()} @ {b.describe()}")
+    dtype = _common_dtype(np.matmul, a, b, Deferred(lambda: f"{a.describe()} @ {b.describe()}"))
     a, b = promote(a, dtype), promote(b, dtype)
     data, lazy = None, None
     if has_data:
@@ -227,13 +231,14 @@ def transpose(x: ShardedArray, order: Sequence[int] | None = None, *, label: str
     layout = x.layout.transposed(perm)
     shape = tuple(x.global_shape[i] for i in perm)
     nm = len(x.mesh.shape)
+    swaps_last_two = perm == [*range(x.ndim - 2), x.ndim - 1, x.ndim - 2]
     data, lazy = None, None
-    if x._lazy is not None and perm[:-2] == list(range(x.ndim - 2)) and perm[-2:] == [x.ndim - 1, x.ndim - 2]:
+    if x._lazy is not None and swaps_last_two:
         # (A @ B).T = B.T @ A.T: stay a lazy partial
         lazy = LazyMatmul(np.swapaxes(x._lazy.rhs, -1, -2), np.swapaxes(x._lazy.lhs, -1, -2))
     elif not x.is_shape_only:
         data = engines.active().transpose(x.compact(), nm, perm)
-    if label is None and x.label and perm[-2:] == [x.ndim - 1, x.ndim - 2] and perm[:-2] == list(range(x.ndim - 2)):
+    if label is None and x.label and swaps_last_two:
         label = transposed_label(x.label)
     return ShardedArray(
         x.mesh, layout, shape, x.dtype, data, lazy=lazy, label=label or x.label, category=x.category, view_of=x
@@ -325,11 +330,17 @@ def sum_dim(x: ShardedArray, dim: str | int, *, keepdims: bool = False, label: s
     kept = (Dim(d.name),) if keepdims else ()
     layout = Layout(x.layout.dims[:i] + kept + x.layout.dims[i + 1 :], x.layout.partial + d.axes)
     shape = x.global_shape[:i] + ((1,) if keepdims else ()) + x.global_shape[i + 1 :]
-    dtype = np.sum(np.zeros(1, x.dtype)).dtype  # NumPy's: bool and small ints sum as int64
+    dtype = _sum_dtype(x.dtype)
     _check_partial_dtype(x, dtype, "sum")
     nm = len(x.mesh.shape)
     data = None if x.is_shape_only else engines.active().sum(x.compact(), nm + i, keepdims)
     return ShardedArray(x.mesh, layout, shape, dtype, data, label=label, derived_from=(x,))
+
+
+@functools.lru_cache(maxsize=64)
+def _sum_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype of a sum, NumPy's: bool and small ints sum as int64."""
+    return np.sum(np.zeros(1, dtype)).dtype
 
 
 def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: str, label: str | None) -> ShardedArray:
@@ -345,7 +356,7 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: st
             if np.ndim(scalar) != 0:
                 raise ShardingError(f"{x.describe()} {sym} a NumPy array: shard the array first so its layout is known")
             scalar = scalar[()]  # a 0-d array is its scalar, as NumPy treats it
-        what = f"{x.describe()} {sym} {scalar!r}" if x is a else f"{scalar!r} {sym} {x.describe()}"
+        what = Deferred(lambda: f"{x.describe()} {sym} {scalar!r}" if x is a else f"{scalar!r} {sym} {x.describe()}")
         probe = np.zeros(0, x.dtype)
         dtype = _result_dtype(op, (probe, scalar) if x is a else (scalar, probe), what)
         if x.is_partial:
@@ -359,7 +370,7 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: st
             if x.is_partial:
                 _check_no_overflow(x, data, what)
         return ShardedArray(mesh, x.layout, x.global_shape, dtype, data, label=label, derived_from=(x,))
-    what = f"{a.describe()} {sym} {b.describe()}"
+    what = Deferred(lambda: f"{a.describe()} {sym} {b.describe()}")
     layout, shape = _broadcast_layout(a, b, sym)
     if kind == "sum":
         if set(a.layout.partial) != set(b.layout.partial):
@@ -408,7 +419,7 @@ def _binary(a: Any, b: Any, op: Callable[[Any, Any], Any], sym: str, *, kind: st
     return ShardedArray(mesh, layout, shape, dtype, data, label=label, derived_from=(a, b))
 
 
-def _check_no_overflow(x: ShardedArray, data: np.ndarray, what: str) -> None:
+def _check_no_overflow(x: ShardedArray, data: np.ndarray, what: Text) -> None:
     """A finite partial scaled by a finite factor must stay finite: a block that overflows to inf
     (3e308 * 10 on one chip, -2e308 * 10 on another) no longer adds up to the scaled sum."""
     if data.dtype.kind not in "fc" and data.dtype.name != "bfloat16":
@@ -430,7 +441,7 @@ def _finite(a: np.ndarray) -> np.ndarray:
     return np.isfinite(a.astype(np.complex128 if a.dtype.kind == "c" else np.float64))
 
 
-def _ndim(v: Any, what: str) -> int:
+def _ndim(v: Any, what: Text) -> int:
     """``np.ndim(v)``, or :class:`ArgumentTypeError` for what NumPy cannot make an array of (ragged lists)."""
     try:
         return int(np.ndim(v))
@@ -438,7 +449,7 @@ def _ndim(v: Any, what: str) -> int:
         raise ArgumentTypeError(f"{what}: NumPy cannot make an array of {type(v).__name__} {v!r:.60}") from None
 
 
-def _check_partial_scalar(x: ShardedArray, scalar: Any, x_first: bool, sym: str, kind: str, what: str) -> None:
+def _check_partial_scalar(x: ShardedArray, scalar: Any, x_first: bool, sym: str, kind: str, what: Text) -> None:
     """A partial sum meets a scalar: only ``x * c`` and ``x / c`` with a finite ``c`` (non-zero to
     divide) keep it the partial of the value."""
     axes = list(x.layout.partial)
@@ -453,7 +464,7 @@ def _check_partial_scalar(x: ShardedArray, scalar: Any, x_first: bool, sym: str,
     _check_finite_factor(np.asarray(scalar), sym, what)
 
 
-def _check_finite_factor(factor: np.ndarray, sym: str, what: str) -> None:
+def _check_finite_factor(factor: np.ndarray, sym: str, what: Text) -> None:
     """Scaling a partial by inf or nan, or dividing it by 0, is not the scaled sum: blocks 0 and 3
     times inf are nan and inf, which add to nan, while (0 + 3) * inf is inf."""
     f = np.asarray(factor)
@@ -468,7 +479,7 @@ def _check_finite_factor(factor: np.ndarray, sym: str, what: str) -> None:
         )
 
 
-def _check_partial_dtype(x: ShardedArray, dtype: np.dtype, what: str) -> None:
+def _check_partial_dtype(x: ShardedArray, dtype: np.dtype, what: Text) -> None:
     """A partial sum may change dtype only between float types (it is then reduced in the new
     dtype); an integer or bool partial wraps in its own dtype, so widening it would change its value."""
     if not x.is_partial or x.dtype == dtype:
@@ -481,10 +492,22 @@ def _check_partial_dtype(x: ShardedArray, dtype: np.dtype, what: str) -> None:
         )
 
 
-def _common_dtype(op: Callable[[Any, Any], Any], a: ShardedArray, b: ShardedArray, what: str) -> np.dtype:
+def _common_dtype(op: Callable[[Any, Any], Any], a: ShardedArray, b: ShardedArray, what: Text) -> np.dtype:
     """The one dtype rule for two operands: NumPy's promotion (``np.result_type``) and the op's own
     result type; a pair NumPy has no common dtype for is refused (ml_dtypes 0.7, which shardsim
-    requires, gives bfloat16 one with every number type: with int32 float64, with float16 float32)."""
+    requires, gives bfloat16 one with every number type: with int32 float64, with float16 float32).
+    Answers are remembered per (op, dtypes): every elementwise op asks, NumPy's probes are slow."""
+    key = (op, a.dtype, b.dtype)
+    known = _common_dtypes.get(key)
+    if known is None:
+        known = _common_dtypes[key] = _find_common_dtype(op, a, b, what)  # raises for a pair refused
+    return known
+
+
+_common_dtypes: dict[tuple[Any, np.dtype, np.dtype], np.dtype] = {}
+
+
+def _find_common_dtype(op: Callable[[Any, Any], Any], a: ShardedArray, b: ShardedArray, what: Text) -> np.dtype:
     try:
         common = np.result_type(a.dtype, b.dtype)
     except TypeError as e:  # DTypePromotionError
@@ -519,7 +542,7 @@ def promote(x: ShardedArray, dtype: np.dtype) -> ShardedArray:
     return y
 
 
-def _result_dtype(op: Callable[..., Any], operands: tuple[Any, ...], what: str) -> np.dtype:
+def _result_dtype(op: Callable[..., Any], operands: tuple[Any, ...], what: Text) -> np.dtype:
     """The dtype NumPy gives ``op`` on these operands (zero-size probes), the same with or without data."""
     try:
         # zero-size probes: nothing is computed, so no floating-point warnings (and no np.errstate,
@@ -534,6 +557,12 @@ def _result_dtype(op: Callable[..., Any], operands: tuple[Any, ...], what: str) 
 
 def _broadcast_layout(a: ShardedArray, b: ShardedArray, sym: str) -> tuple[Layout, tuple[int, ...]]:
     """NumPy broadcasting, aligned from the right; aligned dimensions must be split alike."""
+    if a.layout.dims == b.layout.dims and a.global_shape == b.global_shape:
+        # the usual case (x * y of one layout): the result's dims are the operands'; only a
+        # mesh axis splitting two of them is refused
+        used = [ax for d in a.layout.dims for ax in d.axes]
+        if len(set(used)) == len(used):
+            return Layout(a.layout.dims), tuple(a.global_shape)
     rank = max(a.ndim, b.ndim)
     dims: list[Dim] = []
     shape: list[int] = []

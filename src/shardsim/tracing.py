@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import os
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -323,25 +324,34 @@ def record(
         label = " @ ".join(x.label or "?" for x in inputs)
     else:
         label = inputs[0].label or ""
-    for t in traces:
-        t.events.append(
-            Event(
-                index=len(t.events),
-                op=op,
-                axes=axes,
-                label=label,
-                before=tuple(str(x.layout) for x in inputs),
-                after=str(output.layout),
-                phase=_phase.get(),
-                dtype=str(output.dtype),
-                inputs=tuple(dict.fromkeys(s for x in inputs for s in x.sources)),
-                output=output.uid,
-                where=_where(inputs),
-                layer=_layer.get(),
-                item=_item.get(),
-                **numbers,
-            )
-        )
+    fields = {
+        "op": op,
+        "axes": axes,
+        "label": label,
+        "before": tuple([str(x.layout) for x in inputs]),
+        "after": str(output.layout),
+        "phase": _phase.get(),
+        "dtype": _dtype_name(output.dtype),
+        # one input's sources are already distinct
+        "inputs": inputs[0].sources if len(inputs) == 1 else tuple(dict.fromkeys(s for x in inputs for s in x.sources)),
+        "output": output.uid,
+        "where": _where(inputs),
+        "layer": _layer.get(),
+        "item": _item.get(),
+        **numbers,
+    }
+    event = None
+    for t in traces:  # nested traces (a step's inside a trainer's) share one event where its index agrees
+        index = len(t.events)
+        if event is None or event.index != index:
+            event = Event(index=index, **fields)
+        t.events.append(event)
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_name(dtype: np.dtype) -> str:
+    """``str(dtype)``, which NumPy builds anew in Python each time: an event per op asks."""
+    return str(dtype)
 
 
 def _where(inputs: Sequence[ShardedArray]) -> str:
@@ -350,10 +360,15 @@ def _where(inputs: Sequence[ShardedArray]) -> str:
     if held is None:
         return ""
     mesh = inputs[0].mesh
-    chips = np.argwhere(held)
+    return _where_text(mesh.axis_names, mesh.shape, held.astype(bool, copy=False).tobytes())
+
+
+@functools.lru_cache(maxsize=1024)  # a pipeline's events name a few sets of chips, over and over
+def _where_text(axis_names: tuple[str, ...], shape: tuple[int, ...], held: bytes) -> str:
+    chips = np.argwhere(np.frombuffer(held, bool).reshape(shape))
     fixed = [
         f"{a}{int(chips[0, i])}"
-        for i, a in enumerate(mesh.axis_names)
-        if mesh.shape[i] > 1 and (chips[:, i] == chips[0, i]).all()
+        for i, a in enumerate(axis_names)
+        if shape[i] > 1 and (chips[:, i] == chips[0, i]).all()
     ]
     return ",".join(fixed) or f"{len(chips)} chips"
