@@ -56,6 +56,7 @@ from ..models import TransformerConfig
 from ..models.mlp import MLP
 from ..plans import Plan
 from .bound import comm_excess, excess_terms
+from .defaults import applied
 from .efficiency import Efficiency
 from .hardware import Hardware
 from .placement import AxisLink
@@ -144,9 +145,11 @@ def estimate(
 
     assert isinstance(scheme, str) and not isinstance(mesh, (Plan, str))
     assert batch is not None and d_model is not None and d_ff is not None
-    return estimate_scheme(
+    est = estimate_scheme(
         scheme, mesh, hardware, batch, d_model, d_ff, layers, axes=axes, activation=activation, pad=pad, **shared
     )
+    est.defaults = applied(efficiency=efficiency, optimizer=optimizer, precision=precision, dtype=dtype)
+    return est
 
 
 def check_scheme_arguments(

@@ -16,9 +16,9 @@ overrides it; a tensor-parallel group larger than the NVLink domain is said in `
 
 >>> est = estimate_model("llama3-8b", "dp=8,tp=8,zero=1", "h100", batch_tokens=64 * 8192, efficiency="ideal")
 >>> est.chips, est.bound, round(est.mfu, 2)
-(64, 'compute', 0.5)
->>> round(est.model_flops / est.six_nt, 2)  # attention's matmuls at 8192 tokens on top of 6·N·T
-1.2
+(64, 'communication', 0.57)
+>>> round(est.model_flops / est.six_nt, 2)  # FlashAttention's visible key tiles at 8192 tokens on top of 6·N·T
+1.09
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from ..models.mlp import MLP
 from ..plans import DEGREE, ROLES, Plan
 from .builder import memory_of, mlp_axes, mlp_scheme, program_of
 from .efficiency import Efficiency, resolve_efficiency
+from .fixes import advise
 from .hardware import Hardware, Switched, Torus
 from .memory_source import memory_source
 from .model_steps import ModelProgram, check_batch, check_sizes, check_work
@@ -188,7 +189,8 @@ def estimate_model(
         return _estimate_mlp(cfg, p, hw, batch_tokens, chips=chips, scheme=scheme, mesh=mesh, **opts)
     if scheme is not None or mesh is not None:
         raise CostModelError("scheme= and mesh= belong to an MLP; a transformer runs on its plan's mesh")
-    return _estimate_transformer(cfg, p, hw, batch_tokens, seq=seq, chips=chips, **opts)
+    est = _estimate_transformer(cfg, p, hw, batch_tokens, seq=seq, chips=chips, **opts)
+    return advise(est, seq=seq, **opts)  # the defaults it applied; how to fit, when it does not
 
 
 def _check_chips(p: Plan, chips: int | None, size: int) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..mesh import Mesh
 from ..models import TransformerConfig
@@ -31,6 +31,9 @@ from .numbers import gb, ms
 from .placement import Placement
 from .program import Program, chips_running
 from .timeline import Timeline
+
+if TYPE_CHECKING:
+    from .fixes import Fix
 
 
 @dataclass
@@ -48,6 +51,9 @@ class Estimate:
     is what was estimated (an :class:`~shardsim.models.MLP` or a
     :class:`~shardsim.models.TransformerConfig`), ``plan`` its plan, ``seq`` a transformer's
     sequence length, ``program`` the program timed, ``placement`` its mesh on the hardware.
+    ``defaults`` names the defaults the estimate applied (:mod:`~shardsim.cost.defaults`);
+    ``fixes`` the single changes of a transformer's plan that fit when its step does not
+    (:mod:`~shardsim.cost.fixes`; None when not asked).
     """
 
     scheme: str
@@ -71,6 +77,8 @@ class Estimate:
     program: Program | None = None
     placement: Placement | None = None
     warnings: list[str] = field(default_factory=list)
+    defaults: dict[str, str] = field(default_factory=dict)
+    fixes: list[Fix] | None = None
 
     @property
     def cfg(self) -> TransformerConfig | None:
@@ -222,7 +230,8 @@ class Estimate:
     def memory_line(self) -> str:
         """Whether the step fits the chip and by how much it does not; then, on a second line,
         the bytes by category and the training step they were measured over (or that the
-        memory was not measured)."""
+        memory was not measured); a transformer's that does not fit ends with how to fit
+        (:func:`~shardsim.cost.fixes.advice_line`)."""
         if not self.memory:
             return "memory not measured (memory=False): fits and shortfall say nothing"
         mem, cap = gb(self.memory.get("total", 0)), gb(self.hardware.hbm_capacity)
@@ -233,7 +242,12 @@ class Estimate:
             head = f"memory does not fit: needs {mem} GB of {cap} GB ({gb(self.shortfall)} GB short)"
             rows = self.largest()
         parts = ", ".join(f"{c} {gb(b)} GB" for c, b in rows)
-        return f"{head}\n{'largest' if not self.fits else 'by category'}: {parts}; over {self.memory_source}"
+        text = f"{head}\n{'largest' if not self.fits else 'by category'}: {parts}; over {self.memory_source}"
+        if self.fixes is not None:
+            from .fixes import advice_line
+
+            text += "\n" + advice_line(self)
+        return text
 
     def breakdown(self, by: str = "collective") -> list[dict[str, Any]]:
         """Rows of seconds: ``by="collective"`` per (phase, op, axes, label) summed over layers,
@@ -296,8 +310,15 @@ class Estimate:
                     f"padded {k} {a} -> {b} (a multiple of the {self.chips} chips, as FSDP pads its parameters)"
                     for k, (a, b) in self.padding.items()
                 ),
+                *self._defaults_line(),
             ]
         )
+
+    def _defaults_line(self) -> list[str]:
+        """The defaults line (:func:`~shardsim.cost.defaults.line`), when any was applied."""
+        from .defaults import line
+
+        return [line(self.defaults)] if self.defaults else []
 
     def model_summary(self, cfg: TransformerConfig) -> str:
         """Plan, model, step, tokens/s, MFU and FLOPs, bound, bubble, memory, warnings."""
@@ -317,6 +338,7 @@ class Estimate:
                 + f": bubble {self.bubble:.1%} of the step (closed form {self.bubble_closed_form:.1%})"
             )
         lines += [self.memory_line(), self.efficiency.describe(), *(f"warning: {w}" for w in self.warnings)]
+        lines += self._defaults_line()
         return "\n".join(lines)
 
     def figures(self) -> list[tuple[str, str]]:
