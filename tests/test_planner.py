@@ -234,7 +234,9 @@ def test_cli_plan_table_json_and_one_line_errors(capsys):
     assert out.startswith("gpt-tiny on 2 h100") and "why: " in out
     assert main([*argv, "--json", "--fix", "tp=2,recompute=none"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert all(r["plan"].find("tp=2") >= 0 and "attention=flash" in r["plan"] for r in doc["rows"])
+    # FlashAttention, the default, goes unsaid in the plans and is named among the defaults
+    assert all(r["plan"].find("tp=2") >= 0 and "attention=" not in r["plan"] for r in doc["rows"])
+    assert doc["defaults"]["attention"] == "flash" and doc["defaults"]["hardware"] == "h100"
     assert main(["plan", "--model", "llama3-405b", "--chips", "8", "--batch-tokens", "64K", "--seq", "8192"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "fits under no plan" in err

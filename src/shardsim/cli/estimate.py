@@ -191,7 +191,6 @@ def cli_estimate(args: argparse.Namespace) -> int:
 def cli_model_estimate(args: argparse.Namespace) -> int:
     """``shardsim estimate --model M --plan P``: the model's summary, its time line, optional
     breakdown, PNG and Chrome trace; ``--json`` the record :func:`model_record` gives."""
-    from ..cost import estimate_model
     from ..models import get as get_model
 
     mlp = {"scheme": None, "mesh": None, "batch": None, "per_chip_batch": None, "critical": False}
@@ -207,7 +206,7 @@ def cli_model_estimate(args: argparse.Namespace) -> int:
     hw = _hardware(args)
     _check_png(args.png)
     check_output_path("--chrome-trace", args.chrome_trace)
-    est = estimate_model(
+    est = estimate(
         cfg, plan, hw, batch_tokens=args.batch_tokens, seq=args.seq, chips=args.chips, links=args.links,
         efficiency=args.efficiency, optimizer=args.optimizer, precision=args.precision, overlap=not args.no_overlap,
     )  # fmt: skip

@@ -56,8 +56,8 @@ from ..models import TransformerConfig
 from ..models.mlp import MLP
 from ..plans import Plan
 from .bound import comm_excess, excess_terms
-from .defaults import applied
 from .efficiency import Efficiency
+from .fixes import advise
 from .hardware import Hardware
 from .placement import AxisLink
 from .program_estimate import estimate_program
@@ -133,9 +133,10 @@ def estimate(
                 + (f" (got {wrong})" if wrong else "")
             )
         plan: Any = mesh
-        return estimate_model(
+        est = estimate_model(
             scheme, plan, hardware, batch_tokens=batch_tokens, seq=seq, chips=chips, policy=policy, **shared
         )
+        return advise(est, seq=seq, policy=policy, **shared)  # its defaults named; how to fit, if it does not
     check_scheme_arguments(scheme, mesh, batch, d_model, d_ff, batch_tokens, seq, chips)
     if policy is not None:
         raise CostModelError(
@@ -148,8 +149,7 @@ def estimate(
     est = estimate_scheme(
         scheme, mesh, hardware, batch, d_model, d_ff, layers, axes=axes, activation=activation, pad=pad, **shared
     )
-    est.defaults = applied(efficiency=efficiency, optimizer=optimizer, precision=precision, dtype=dtype)
-    return est
+    return advise(est, seq=None, **shared)
 
 
 def check_scheme_arguments(

@@ -35,7 +35,6 @@ from ..models.mlp import MLP
 from ..plans import DEGREE, ROLES, Plan
 from .builder import memory_of, mlp_axes, mlp_scheme, program_of
 from .efficiency import Efficiency, resolve_efficiency
-from .fixes import advise
 from .hardware import Hardware, Switched, Torus
 from .memory_source import memory_source
 from .model_steps import ModelProgram, check_batch, check_sizes, check_work
@@ -189,8 +188,7 @@ def estimate_model(
         return _estimate_mlp(cfg, p, hw, batch_tokens, chips=chips, scheme=scheme, mesh=mesh, **opts)
     if scheme is not None or mesh is not None:
         raise CostModelError("scheme= and mesh= belong to an MLP; a transformer runs on its plan's mesh")
-    est = _estimate_transformer(cfg, p, hw, batch_tokens, seq=seq, chips=chips, **opts)
-    return advise(est, seq=seq, **opts)  # the defaults it applied; how to fit, when it does not
+    return _estimate_transformer(cfg, p, hw, batch_tokens, seq=seq, chips=chips, **opts)
 
 
 def _check_chips(p: Plan, chips: int | None, size: int) -> None:

@@ -18,22 +18,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..models.mlp import MLP
 from ..plans import Plan
 from .bound import comm_excess, excess_terms
+from .changes import Fix, advice_line
 from .efficiency import IDEAL, Efficiency
 from .hardware import Hardware
 from .numbers import gb, ms
 from .placement import Placement
 from .program import Program, chips_running
 from .timeline import Timeline
-
-if TYPE_CHECKING:
-    from .fixes import Fix
 
 
 @dataclass
@@ -231,7 +229,7 @@ class Estimate:
         """Whether the step fits the chip and by how much it does not; then, on a second line,
         the bytes by category and the training step they were measured over (or that the
         memory was not measured); a transformer's that does not fit ends with how to fit
-        (:func:`~shardsim.cost.fixes.advice_line`)."""
+        (:func:`~shardsim.cost.changes.advice_line`)."""
         if not self.memory:
             return "memory not measured (memory=False): fits and shortfall say nothing"
         mem, cap = gb(self.memory.get("total", 0)), gb(self.hardware.hbm_capacity)
@@ -244,9 +242,7 @@ class Estimate:
         parts = ", ".join(f"{c} {gb(b)} GB" for c, b in rows)
         text = f"{head}\n{'largest' if not self.fits else 'by category'}: {parts}; over {self.memory_source}"
         if self.fixes is not None:
-            from .fixes import advice_line
-
-            text += "\n" + advice_line(self)
+            text += "\n" + advice_line(self.fixes, self.plan, self.batch // max(self.seq, 1))
         return text
 
     def breakdown(self, by: str = "collective") -> list[dict[str, Any]]:

@@ -86,7 +86,7 @@ def plan(
     nothing fits, search larger chip counts for the nearest on which the request has a plan and
     name it (:mod:`.reasons`); off for callers that walk the chip counts themselves.
     """
-    t0 = time.perf_counter()
+    t0, asked_seq = time.perf_counter(), seq
     cfg, hw, batch_tokens, seq, chosen, cons = check_arguments(
         model, hardware, batch_tokens, seq, window=window, progress=progress, policy=policy, cache=cache,
         constraints=constraints,
@@ -101,7 +101,7 @@ def plan(
     req = _Request(cfg, hw, batch_tokens, seq, cons, links, topology, window, cache)
     table = _search(req, chips, progress, t0)
     table.defaults = applied(
-        plan=Plan(), efficiency=efficiency, policy=policy, seq=seq, model_seq=cfg.seq,
+        plan=Plan(), efficiency=efficiency, policy=policy, seq=asked_seq, model_seq=cfg.seq,
         fixed_attention="attention" in cons.fixed,
     )  # fmt: skip
     if not table.rows:
