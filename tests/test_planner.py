@@ -242,7 +242,8 @@ def test_cli_plan_table_json_and_one_line_errors(capsys):
     assert err.count("\n") == 1 and "fits under no plan" in err
     assert main([*argv, "--json", "--fix", "attention=standard,recompute=none"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["rows"] and not any("attention" in r["plan"] for r in doc["rows"])  # standard: the default
+    assert doc["rows"] and all("attention=standard" in r["plan"] for r in doc["rows"])  # said: not the default
+    assert "attention" not in doc["defaults"]
     assert main([*argv, "--fix", "tp=two"]) == 2
     assert "expected a whole number" in capsys.readouterr().err
     assert main([*argv, "--policy", "fp8"]) == 2
