@@ -4,8 +4,11 @@ Every entry point (:func:`shardsim.cost.estimate`, :func:`shardsim.planner.plan`
 estimate``, ``shardsim plan``...) takes the same, modern defaults: FlashAttention
 (``attention=flash``), an H100 on the command line, bf16 weights with float32 master weights
 and optimizer moments, Adam, the calibrated efficiency and the model's own sequence length.
-Each answer prints one line naming the defaults it applied, those the question left unset; a
-published run of 2021 states its own (``attention=standard``) instead.
+Each answer prints one line naming the settings it ran at their default value (the command
+line's hardware only when ``--hardware`` is not given); a published run of 2021 states its own
+(``attention=standard``) instead. The planner and :func:`shardsim.cost.estimate` name them;
+the bare :func:`~shardsim.cost.estimate_model` and :func:`shardsim.training.model_memory`
+apply the same ones silently.
 
 >>> from shardsim.plans import Plan
 >>> print(line(applied(plan=Plan(tp=2), seq=None, model_seq=2048)))  # doctest: +NORMALIZE_WHITESPACE
