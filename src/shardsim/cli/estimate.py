@@ -40,6 +40,7 @@ from ..cost import (
     scheme_mesh,
     sweep,
 )
+from ..cost.changes import Fix
 from ..cost.defaults import HARDWARE, line
 from ..errors import CommandLineError
 from ..mesh import Mesh
@@ -268,8 +269,8 @@ def model_record(e: Any, train_tokens: int | None = None) -> dict[str, Any]:
     }
 
 
-def fix_record(f: Any) -> dict[str, Any]:
-    """One change that makes the plan fit (:class:`~shardsim.cost.fixes.Fix`) as plain values."""
+def fix_record(f: Fix) -> dict[str, Any]:
+    """One change that makes the plan fit (:class:`~shardsim.cost.changes.Fix`) as plain values."""
     return {"change": f.change, "plan": str(f.plan), "memory_bytes": f.memory, "step_s": f.step_s}
 
 
