@@ -132,7 +132,7 @@ def test_messages_name_flags_not_python_keywords(capsys) -> None:
     code, out, err = run(capsys, "demo", "--scheme", "fsdp_tp", "--mesh", "A=4")
     assert_one_line_error(code, out, err)
     assert "--axes data=AXIS,model=AXIS" in err and "axes={" not in err
-    code, out, err = run(capsys, "estimate", "--mesh", "X=65536")
+    code, out, err = run(capsys, "estimate", "--hardware", "tpu-v5p", "--mesh", "X=65536")
     assert_one_line_error(code, out, err)
     assert "--links X=dcn" in err and "links={" not in err
 

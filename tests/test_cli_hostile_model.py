@@ -46,7 +46,7 @@ def test_critical_pp_is_compute_bound_at_every_batch(capsys) -> None:
     mesh, hw = Mesh(Z=16), get_hardware("tpu-v5p")
     one_token = estimate("pp", mesh, hw, mesh.size, 8192, 32768, 16, dtype="bfloat16", efficiency="ideal")
     assert all(term <= 0 for term in excess_terms(one_token.phases).values())
-    assert cli.main(["critical", "--scheme", "pp"]) == 0
+    assert cli.main(["critical", "--scheme", "pp", "--hardware", "tpu-v5p"]) == 0
     out = capsys.readouterr().out
     assert out.strip() == "pp on Mesh(Z=16) (tpu-v5p): compute-bound at every batch (from 1 token per chip)"
     assert "compute-bound above 2550.0 tokens per chip" in str(critical_batch("fsdp", "tpu-v5p"))

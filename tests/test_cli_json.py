@@ -29,7 +29,8 @@ def run_json(capsys, *argv: str) -> dict:
 
 
 def test_estimate_json_is_the_apis_estimate(capsys) -> None:
-    got = run_json(capsys, "estimate", "--json", "--mesh", "X=16", "--per-chip-batch", "2048", "--layers", "2")
+    got = run_json(capsys, "estimate", "--json", "--hardware", "tpu-v5p", "--mesh", "X=16", "--per-chip-batch", "2048",
+                   "--layers", "2")  # fmt: skip
     assert set(got) == documented("estimate")
     want = cost.estimate("fsdp", Mesh(X=16), "tpu-v5p", 16 * 2048, 8192, 32768, 2)
     assert (got["step_s"], got["comm_s"], got["mfu"], got["bound"]) == (want.step_s, want.comm_s, want.mfu, want.bound)

@@ -100,7 +100,7 @@ def run(add, cli, argv):
 
 def test_cli_estimate(capsys, tmp_path):
     png = tmp_path / "t.png"
-    argv = ["--scheme", "fsdp", "--mesh", "X=16", "--per-chip-batch", "2048", "--layers", "2"]
+    argv = ["--scheme", "fsdp", "--hardware", "tpu-v5p", "--mesh", "X=16", "--per-chip-batch", "2048", "--layers", "2"]
     argv += ["--breakdown", "--critical", "--png", str(png)]
     assert run(add_estimate_arguments, cli_estimate, argv) == 0
     out = capsys.readouterr().out

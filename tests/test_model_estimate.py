@@ -24,15 +24,17 @@ def test_model_flops_are_the_matmuls_with_attention_and_not_recompute() -> None:
     matmul_weights = cfg.layers * (4 * 64 * 64 + 2 * 64 * 256) + 64 * 128
     forward = 2 * matmul_weights * b * s + cfg.layers * 2 * (2 * s * 64) * b * s
     for plan in ("dp=2", "dp=2,tp=2,sp", "tp=2,recompute=full", "pp=2,microbatches=4", "dp=2,zero=3"):
+        plan += ",attention=standard"  # the full S x S scores the hand count counts
         est = estimate_model(cfg, plan, "h100", batch_tokens=b * s, efficiency="ideal")
         assert est.model_flops == 3 * forward, plan
-    full = estimate_model(cfg, "tp=2,recompute=full", "h100", batch_tokens=b * s)
+    full = estimate_model(cfg, "tp=2,attention=standard,recompute=full", "h100", batch_tokens=b * s)
     head = 2 * 64 * 128 * b * s
     assert full.hardware_flops == 4 * forward - head  # the layers' forward again, not model work
 
 
 def test_mfu_tokens_per_second_and_days_read_the_step() -> None:
-    est = estimate_model("llama3-8b", "dp=8,tp=8,zero=1", "h100", batch_tokens=64 * 8192, efficiency="ideal")
+    plan = "dp=8,tp=8,zero=1,attention=standard"  # the whole S x S scores' matmuls
+    est = estimate_model("llama3-8b", plan, "h100", batch_tokens=64 * 8192, efficiency="ideal")
     assert est.mfu == pytest.approx(est.model_flops / (64 * est.step_s * est.hardware.flops("bfloat16")))
     assert est.tokens_per_s == pytest.approx(64 * 8192 / est.step_s)
     assert est.days(15e12) == pytest.approx(15e12 / (64 * 8192) * est.step_s / 86400)

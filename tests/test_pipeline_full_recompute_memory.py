@@ -60,7 +60,7 @@ def _working_set(
     cfg: TransformerConfig, sp: bool, b: int, params: dict, data: object = None, seed: int | None = None
 ) -> int:
     """W: the un-pipelined full-recompute step's activation peak less its layers' kept inputs."""
-    plan = Plan(tp=T if cfg.d_model > 64 else 2, sp=sp, recompute="full")
+    plan = Plan(tp=T if cfg.d_model > 64 else 2, sp=sp, attention="standard", recompute="full")
     tau = plan.tp if sp else 1
     itemsize = 2 if data is None else 8
     peak = int(_activations(cfg, plan, params, b, cfg.seq, data, seed)[0])
@@ -82,7 +82,7 @@ def test_gpt3_stages_hold_korthikantis_full_recompute_rule(sp: bool) -> None:
     kept = 2 * s * b * h // tau  # one layer's bf16 input
     w = _working_set(gpt3(2), sp, b, _shapes(gpt3(2)), seed=0)
     cfg = gpt3(P * k)
-    plan = Plan(tp=T, sp=sp, pp=P, microbatches=M, recompute="full")
+    plan = Plan(tp=T, sp=sp, pp=P, microbatches=M, attention="standard", recompute="full")
     assert plan.schedule == "1f1b"
     got = _activations(cfg, plan, _shapes(cfg), b * M, s, seed=0)
     assert got.tolist() == expected(P, M, k, kept, w, b, s)
@@ -96,7 +96,7 @@ def test_gpt3_175b_first_stage_holds_p_microbatches_of_its_layers_inputs() -> No
     kept = 2 * s * b * h
     assert P * 12 * kept == 4_831_838_208
     w = _working_set(gpt3(2), False, b, _shapes(gpt3(2)))
-    peak, _ = model_memory(gpt3(96), Plan(tp=T, pp=P, microbatches=M, recompute="full"), batch=M)
+    peak, _ = model_memory(gpt3(96), Plan(tp=T, pp=P, microbatches=M, attention="standard", recompute="full"), batch=M)
     assert peak["activations"] == expected(P, M, 96 // P, kept, w, b, s)[0]
 
 
@@ -110,7 +110,7 @@ def test_a_small_model_with_data_holds_the_rule_exactly() -> None:
     tokens = rng.integers(0, cfg.vocab, (b * m, s)).astype(np.int32)
     w = _working_set(cfg, False, b, params, tokens[:b])
     kept = 8 * s * b * cfg.d_model
-    plan = Plan(tp=2, pp=p, microbatches=m, recompute="full")
+    plan = Plan(tp=2, pp=p, microbatches=m, attention="standard", recompute="full")
     got = _activations(cfg, plan, params, b * m, s, tokens)
     assert got.tolist() == expected(p, m, k, kept, w, b, s)
     shapes = {key: ShapeDtype(v, "float64") for key, v in cfg.param_shapes().items()}

@@ -239,13 +239,16 @@ def test_cli_plan_table_json_and_one_line_errors(capsys):
     assert out.startswith("gpt-tiny on 2 h100") and "why: " in out
     assert main([*argv, "--json", "--fix", "tp=2,recompute=none"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert all(r["plan"].find("tp=2") >= 0 and "attention=flash" in r["plan"] for r in doc["rows"])
+    # FlashAttention, the default, goes unsaid in the plans and is named among the defaults
+    assert all(r["plan"].find("tp=2") >= 0 and "attention=" not in r["plan"] for r in doc["rows"])
+    assert doc["defaults"]["attention"] == "flash" and doc["defaults"]["hardware"] == "h100"
     assert main(["plan", "--model", "llama3-405b", "--chips", "8", "--batch-tokens", "64K", "--seq", "8192"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "fits under no plan" in err
     assert main([*argv, "--json", "--fix", "attention=standard,recompute=none"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["rows"] and not any("attention" in r["plan"] for r in doc["rows"])  # standard: the default
+    assert doc["rows"] and all("attention=standard" in r["plan"] for r in doc["rows"])  # said: not the default
+    assert "attention" not in doc["defaults"]
     assert main([*argv, "--fix", "tp=two"]) == 2
     assert "expected a whole number" in capsys.readouterr().err
     assert main([*argv, "--policy", "fp8"]) == 2

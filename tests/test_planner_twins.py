@@ -40,9 +40,9 @@ def test_the_table_keeps_one_plan_of_each_program_the_simplest():
     seen = [(r.plan.dp, r.plan.tp, r.candidate.micro, *figures(r)) for r in table.rows]
     assert len(seen) == len(set(seen))
     kept = {str(r.plan) for r in table.rows}
-    assert "tp=2,attention=flash" in kept and "tp=2,attention=flash,recompute=selective" not in kept
+    assert "tp=2" in kept and "tp=2,recompute=selective" not in kept
     twins = {str(r.candidate.plan): r.detail for r in table.rejected if r.kind == "twin"}
-    assert twins["tp=2,attention=flash,recompute=selective"] == "tp=2,attention=flash"
+    assert twins["tp=2,recompute=selective"] == "tp=2"
 
 
 def test_why_never_compares_the_best_with_its_own_twin():
@@ -52,10 +52,7 @@ def test_why_never_compares_the_best_with_its_own_twin():
     runner = table.runner_up
     assert runner is None or figures(runner) != figures(table.best)
     if runner is None:  # one program left: the line names the twin it stands for
-        assert why == (
-            "tp=2,attention=flash is the only plan kept; "
-            "tp=2,attention=flash,recompute=selective runs its very program."
-        )
+        assert why == ("tp=2 is the only plan kept; tp=2,recompute=selective runs its very program.")
 
 
 def test_why_compares_the_best_with_the_fastest_plan_that_differs():

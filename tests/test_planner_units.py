@@ -21,9 +21,10 @@ COLUMNS = ("params", "grads", "optimizer", "activations", "total")
 def test_the_table_speaks_gb():
     table = plan(get("llama-tiny"), "h100", 2, batch_tokens=4 * 16, seq=16)
     lines = str(table).splitlines()
-    head = re.split(r"\s{2,}", lines[1].strip())
+    assert lines[1].startswith("defaults: ")
+    head = re.split(r"\s{2,}", lines[2].strip())
     assert all(c in head for c in (*COLUMNS, "headroom"))
-    for line, row in zip(lines[2 : 2 + table.kept], table.rows):
+    for line, row in zip(lines[3 : 3 + table.kept], table.rows):
         cells = dict(zip(head, re.split(r"\s{2,}", line.strip())))
         for c in COLUMNS:
             value = CELL.match(cells[c])

@@ -77,6 +77,7 @@ def cases(draw: st.DrawFn) -> tuple[TransformerConfig, Plan, str, int, int | Non
         tp=tp,
         zero=zero,
         sp=tp > 1 and seq % tp == 0 and draw(st.booleans()),
+        attention="standard",  # the reference's kernel, and attention dropout's
         recompute=draw(st.sampled_from(["none", "selective", "full"])),
     )
     return cfg, plan, draw(st.sampled_from(["float32", "float64"])), dp * draw(st.sampled_from([1, 2])), 7
@@ -92,7 +93,7 @@ def test_every_plan_matches_the_reference(case: tuple[TransformerConfig, Plan, s
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_named_plans_match_the_reference(text: str, dtype: str) -> None:
     cfg = BASE.scaled(layers=2, heads=4, kv_heads=2, bias=True, dropout=0.1)
-    check_against_reference(cfg, Plan.parse(text), dtype, 4, dropout_seed=3)
+    check_against_reference(cfg, Plan.parse(text).replace(attention="standard"), dtype, 4, dropout_seed=3)
 
 
 def _run(cfg: TransformerConfig, text: str, b: int = 2, **kw: object) -> object:
@@ -181,15 +182,15 @@ def test_fsdp_gathers_weights_in_forward_and_backward_and_scatters_grads() -> No
 
 @pytest.mark.parametrize(("policy", "recomputed"), [("none", 0), ("selective", 2), ("full", 8)])
 def test_recomputation_shows_in_the_trace(policy: str, recomputed: int) -> None:
-    res = _run(BASE, f"tp=2,recompute={policy}")
+    res = _run(BASE, f"tp=2,attention=standard,recompute={policy}")
     again = [e for e in res.trace.events if e.phase == "recompute" and e.op == "matmul"]  # type: ignore[attr-defined]
     assert len(again) == recomputed * BASE.layers  # selective: Q K^T and P V; full: the block's eight forward matmuls
 
 
 def test_shape_only_run_traces_the_same_program() -> None:
     cfg = BASE.scaled(dropout=0.1)
-    data = _run(cfg, "dp=2,tp=2,sp", b=2, dropout_seed=0)
-    plan = Plan.parse("dp=2,tp=2,sp")
+    data = _run(cfg, "dp=2,tp=2,sp,attention=standard", b=2, dropout_seed=0)
+    plan = Plan.parse("dp=2,tp=2,sp,attention=standard")
     shapes = {k: ShapeDtype(v, "float64") for k, v in cfg.param_shapes().items()}
     tok = ShapeDtype((2, cfg.seq), "int64")
     shape_only = run_model(cfg, plan, plan.mesh(), shapes, tok, tok, dropout_seed=0)
@@ -269,7 +270,7 @@ def test_demo_walks_a_block_through_tp_and_tp_sp() -> None:
     assert "Forward: 2 collectives" in tp and "Backward: 2 collectives" in tp  # one AllReduce per half-block
     assert tp.rstrip().endswith("PASS")
     assert "attn.mask attn_probs" not in tp  # gpt-tiny trains without dropout: no masks
-    text = walk_all(get("gpt-tiny").scaled(dropout=0.1))
+    text = walk_all(get("gpt-tiny").scaled(dropout=0.1), ("tp=2,attention=standard", "tp=2,sp,attention=standard"))
     assert text.count("PASS") == 2 and "reduce_scatter  model  Attn out" in text
     assert "attn.mask attn_probs" in text  # with dropout its masks are stored
 
@@ -339,7 +340,7 @@ PIPELINES = [
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_pipelines_match_the_reference(text: str, dtype: str) -> None:
     cfg = BASE.scaled(layers=4, heads=4, kv_heads=2, bias=True, dropout=0.1, mlp="swiglu", position="rope")
-    check_against_reference(cfg, Plan.parse(text), dtype, 4, dropout_seed=3)
+    check_against_reference(cfg, Plan.parse(text).replace(attention="standard"), dtype, 4, dropout_seed=3)
 
 
 def test_pipeline_stages_hold_their_own_layers_and_send_by_ppermute() -> None:

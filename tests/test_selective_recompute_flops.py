@@ -33,7 +33,7 @@ CASES = [("gpt3-175b", 0.027), ("ptdp-529.6b", 0.016)]
 def traced_overhead(name: str) -> tuple[float, float]:
     """The program's recomputed share of the model FLOPs, and Appendix A's forward-core value."""
     cfg = get(name).scaled(vocab=51200)
-    est = estimate_model(cfg, "tp=8,recompute=selective", "a100", batch_tokens=cfg.seq, memory=False)
+    est = estimate_model(cfg, "tp=8,attention=standard,recompute=selective", "a100", batch_tokens=cfg.seq, memory=False)
     s, h, layers, v = cfg.seq, cfg.d_model, cfg.layers, cfg.vocab
     reference = (s / (18 * h)) / (1 + s / (6 * h) + v / (12 * h * layers))
     return est.hardware_flops / est.model_flops - 1, reference

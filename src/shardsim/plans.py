@@ -7,10 +7,11 @@ Megatron sequence parallelism inside the tensor-parallel group; ``schedule``,
 ``microbatches`` and ``virtual_stages`` describe the pipeline; ``cp_method`` is the context-parallel
 attention (``ring`` or ``all_gather``) and ``cp_balanced`` its causal load balancing (the
 zigzag order of :func:`shardsim.strategies.context.balanced_order`; False: contiguous blocks); ``attention`` is
-the attention kernel without context parallelism (``standard``: the ``[B, N, S, S]`` scores and
-probabilities in memory, as Megatron-LM ran it before FlashAttention; ``flash``: FlashAttention's
-online softmax over 128-row tiles, only the output and its log-sum-exp kept; context-parallel
-attention is always the latter); ``recompute`` is the
+the attention kernel without context parallelism (``flash``, the default: FlashAttention's
+online softmax over 128-row tiles, only the output and its log-sum-exp kept, as every current
+framework runs it; ``standard``: the ``[B, N, S, S]`` scores and probabilities in memory, as
+Megatron-LM ran it before FlashAttention, which the published runs of 2021 state explicitly;
+context-parallel attention is always flash); ``recompute`` is the
 activation recomputation policy of Korthikanti et al. 2022 (``none``, ``selective``,
 ``full``); ``precision`` names a :class:`~shardsim.training.precision.Precision` (None: the
 weights' own dtype). Each parallelism runs over its own mesh axis (``data``, ``model``,
@@ -23,6 +24,8 @@ weights' own dtype). Each parallelism runs over its own mesh axis (``data``, ``m
 True
 >>> plan.mesh()
 Mesh(data=4, model=2)
+>>> Plan().attention, str(Plan(attention="standard"))  # a plan text without attention= means flash
+('flash', 'attention=standard')
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ class Plan:
     cp: int = 1
     cp_method: str = "ring"
     cp_balanced: bool = True
-    attention: str = "standard"
+    attention: str = "flash"
     recompute: str = "none"
     precision: str | None = None
     data_axis: str = "data"

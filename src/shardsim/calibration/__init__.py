@@ -2,9 +2,10 @@
 
 Each :class:`Run` is one row someone published: the model, the plan it ran (tensor,
 pipeline and data parallel degrees, ZeRO stage, recomputation, microbatches), the chips, the
-global batch and the throughput they measured. :func:`predict` runs the same model under the
-same plan shape-only on the same chips and reads the step time from the cost model's time
-line (``efficiency="calibrated"``, the preset's constants, the same for every row);
+global batch and the throughput they measured; the runs of 2021 (PTD-P, DeepSpeed's ZeRO-3)
+predate FlashAttention and say so, ``attention=standard``. :func:`predict` runs the same model
+under the same plan shape-only on the same chips and reads the step time from the cost
+model's time line (``efficiency="calibrated"``, the preset's constants, the same for every row);
 :func:`table` prints every row with its error, as ``docs/calibration.md`` shows it.
 
 Throughput is TFLOP/s per GPU counted as the source counts it. PTD-P (Narayanan et al. 2021)
@@ -16,7 +17,7 @@ without recomputation over the step.
 
 >>> run = RUNS[0]
 >>> run.name, run.plan, run.chips, run.measured_tflops
-('PTD-P 1.7B', 'dp=32,recompute=full', 32, 137.0)
+('PTD-P 1.7B', 'dp=32,attention=standard,recompute=full', 32, 137.0)
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ _MB1 = "microbatch 1, 1F1B (Table 1 gives neither); embedding and LM head untied
 
 def _t1(size: str, t: int, p: int, gpus: int, batch: int, tflops: float, row: int, role: str = "check") -> Run:
     d = gpus // (t * p)
-    plan = Plan(dp=d, tp=t, pp=p, microbatches=batch // d if p > 1 else 1, recompute="full")
+    plan = Plan(dp=d, tp=t, pp=p, microbatches=batch // d if p > 1 else 1, attention="standard", recompute="full")
     return Run(
         f"PTD-P {size}",
         _T1,
@@ -139,7 +140,7 @@ def _zero3(gpus: int, tflops: float, size: str = "175B", batch: int = 1536) -> R
         f"ZeRO-3 {size}, {gpus:,} GPUs",
         _Z3 if size == "175B" else _Z3_530,
         model,
-        str(Plan(dp=gpus, zero=3, recompute="full")),
+        str(Plan(dp=gpus, zero=3, attention="standard", recompute="full")),
         "a100",
         batch,
         tflops,
@@ -157,7 +158,7 @@ def _t2(size: str, p: int, gpus: int, batch: int, tflops: float) -> Run:
     TP 8 in a node and PP ``p`` across, as Table 1 runs these models), microbatch 1."""
     model, overrides = _table2_model(size)
     d = gpus // (8 * p)
-    plan = Plan(dp=d, tp=8, pp=p, microbatches=batch // d, recompute="full")
+    plan = Plan(dp=d, tp=8, pp=p, microbatches=batch // d, attention="standard", recompute="full")
     return Run(
         f"PTD-P {size}, {gpus:,} GPUs",
         _T2,
@@ -396,21 +397,34 @@ def predictable(run: Run, budget: int | None = PAGE_BUDGET) -> bool:
 
 
 def predictions(
-    runs: Sequence[Run] = RUNS, efficiency: str = "calibrated", budget: int | None = PAGE_BUDGET
+    runs: Sequence[Run] = RUNS,
+    efficiency: str = "calibrated",
+    budget: int | None = PAGE_BUDGET,
+    progress: bool | None = None,
 ) -> list[Prediction]:
     """:func:`predict` for every run that :func:`predictable` allows, :func:`predict_from_layers`
-    for the rest."""
-    return [predict(r, efficiency) if predictable(r, budget) else predict_from_layers(r, efficiency) for r in runs]
+    for the rest; ``progress`` a line on stderr naming the run being timed (default: after a
+    second, on a terminal; :class:`~shardsim.planner.progress.Progress`)."""
+    from ..planner.progress import Progress
+
+    bar, out = Progress(len(runs), enabled=progress), []
+    for i, r in enumerate(runs):
+        bar.show(f"calibration: {i}/{len(runs)} runs, timing {r.name}", force=True)
+        out.append(predict(r, efficiency) if predictable(r, budget) else predict_from_layers(r, efficiency))
+    bar.show(f"calibration: {len(runs)}/{len(runs)} runs", force=True)
+    bar.close()
+    return out
 
 
-def table(runs: Sequence[Run] = RUNS, budget: int | None = PAGE_BUDGET) -> str:
+def table(runs: Sequence[Run] = RUNS, budget: int | None = PAGE_BUDGET, progress: bool | None = None) -> str:
     """Every run, measured beside predicted, as the Markdown table of ``docs/calibration.md``
-    (``budget=None`` times every row, the largest pipelines included: tens of minutes)."""
+    (``budget=None`` times every row, the largest pipelines included: tens of minutes;
+    ``progress`` as :func:`predictions` takes it)."""
     lines = [
         "| run | plan | GPUs | batch | measured TFLOP/s | predicted | error | predicted MFU | row | source |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
-    done = {p.run: p for p in predictions(runs, budget=budget)}
+    done = {p.run: p for p in predictions(runs, budget=budget, progress=progress)}
     for r in runs:
         plan = f"`{r.plan}`" + (f", {_options_text(r.options)}" if r.options else "")
         head = f"| {r.name} | {plan} | {r.chips:,} | {r.batch:,} | {r.measured_tflops:.0f} "

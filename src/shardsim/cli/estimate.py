@@ -40,6 +40,8 @@ from ..cost import (
     scheme_mesh,
     sweep,
 )
+from ..cost.changes import Fix
+from ..cost.defaults import HARDWARE, line
 from ..errors import CommandLineError
 from ..mesh import Mesh
 from ..plans import Plan
@@ -164,9 +166,11 @@ def cli_estimate(args: argparse.Namespace) -> int:
         if args.critical
         else None
     )
+    _hardware_default(est, args)
     if args.json:
         record = estimate_record(est)
         record["collectives"] = est.breakdown("collective")
+        record["defaults"] = est.defaults
         if crit is not None:
             record["critical"] = critical_record(crit)
         write_json(record)
@@ -188,7 +192,6 @@ def cli_estimate(args: argparse.Namespace) -> int:
 def cli_model_estimate(args: argparse.Namespace) -> int:
     """``shardsim estimate --model M --plan P``: the model's summary, its time line, optional
     breakdown, PNG and Chrome trace; ``--json`` the record :func:`model_record` gives."""
-    from ..cost import estimate_model
     from ..models import get as get_model
 
     mlp = {"scheme": None, "mesh": None, "batch": None, "per_chip_batch": None, "critical": False}
@@ -204,13 +207,16 @@ def cli_model_estimate(args: argparse.Namespace) -> int:
     hw = _hardware(args)
     _check_png(args.png)
     check_output_path("--chrome-trace", args.chrome_trace)
-    est = estimate_model(
+    est = estimate(
         cfg, plan, hw, batch_tokens=args.batch_tokens, seq=args.seq, chips=args.chips, links=args.links,
         efficiency=args.efficiency, optimizer=args.optimizer, precision=args.precision, overlap=not args.no_overlap,
     )  # fmt: skip
+    _hardware_default(est, args)
     if args.json:
         record = model_record(est, args.train_tokens)
         record["collectives"] = est.breakdown("collective")
+        record["defaults"] = est.defaults
+        record["fixes"] = [fix_record(f) for f in est.fixes or []]
         write_json(record)
     elif args.csv:
         write_csv(est.breakdown("collective") if args.breakdown else [model_record(est, args.train_tokens)])
@@ -261,6 +267,11 @@ def model_record(e: Any, train_tokens: int | None = None) -> dict[str, Any]:
         "train_tokens": train_tokens,
         "days": None if train_tokens is None else e.days(train_tokens),
     }
+
+
+def fix_record(f: Fix) -> dict[str, Any]:
+    """One change that makes the plan fit (:class:`~shardsim.cost.changes.Fix`) as plain values."""
+    return {"change": f.change, "plan": str(f.plan), "memory_bytes": f.memory, "step_s": f.step_s}
 
 
 def tokens_type(text: str) -> int:
@@ -362,6 +373,8 @@ def cli_sweep(args: argparse.Namespace) -> int:
         write_csv([estimate_record(e) for e in rows])
     else:
         print(f"{hw.name}, {args.chips} chips, D={args.d_model}, F={args.d_ff}, {args.layers} layer(s)")
+        if args.hardware is None:
+            print(line({"hardware": HARDWARE}))
         print(f"{'scheme':<9}{'tokens/chip':>12}{'mesh':>20}{'step ms':>11}{'MFU':>8}  bound")
         for e in rows:
             mesh = ",".join(f"{a}={n}" for a, n in zip(e.mesh.axis_names, e.mesh.shape))
@@ -404,6 +417,8 @@ def cli_critical(args: argparse.Namespace) -> int:
         write_json(critical_record(c))
         return 0
     print(c)
+    if args.hardware is None:
+        print(line({"hardware": HARDWARE}))
     for y, b in c.splits.items():  # fsdp_tp: every split tried
         shown = "communication-bound at every batch" if math.isinf(b) else f"{b:.1f} tokens per chip"
         print(f"  X={c.mesh.size // y}, Y={y}: {shown}")
@@ -465,7 +480,7 @@ def parse_batches(text: str) -> list[int]:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hardware", default="tpu-v5p", help=f"one of {', '.join(hardware_names())} (default tpu-v5p)")
+    parser.add_argument("--hardware", help=f"one of {', '.join(hardware_names())} (default {HARDWARE})")
     parser.add_argument("--d-model", type=count("width"), default=8192, help="d_model (default 8192)")
     parser.add_argument("--d-ff", type=count("width"), default=32768, help="d_ff (default 32768)")
     parser.add_argument("--layers", type=count("cost_layers"), default=1, help="layers (default 1)")
@@ -498,8 +513,14 @@ def _roles(name: str) -> tuple[str, ...]:
 
 
 def _hardware(args: argparse.Namespace) -> Hardware:
-    hw = get_hardware(args.hardware)
+    hw = get_hardware(HARDWARE if args.hardware is None else args.hardware)
     return hw.with_(ring="exact") if args.exact_rings else hw
+
+
+def _hardware_default(est: Estimate, args: argparse.Namespace) -> None:
+    """Name the command line's hardware among the estimate's defaults when ``--hardware`` was not given."""
+    if args.hardware is None:
+        est.defaults = {"hardware": HARDWARE, **est.defaults}
 
 
 def _check_png(path: str | None) -> None:

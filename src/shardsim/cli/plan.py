@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..cost.defaults import HARDWARE
 from ..cost.units import token_count  # the library reads batch_tokens="16M" with it too
 from ..errors import CommandLineError
 from ..models.presets import names as model_names
@@ -37,7 +38,7 @@ from .framework import subcommand
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``shardsim plan``."""
     parser.add_argument("--model", required=True, help=f"a model preset ({', '.join(model_names()[:4])}, ...)")
-    parser.add_argument("--hardware", default="h100", help="a hardware preset (default h100)")
+    parser.add_argument("--hardware", help=f"a hardware preset (default {HARDWARE})")
     parser.add_argument("--chips", type=count("cost_chips"), required=True, help="chips in the cluster")
     parser.add_argument("--batch-tokens", type=token_count, required=True, help="global batch in tokens (e.g. 16M)")
     parser.add_argument("--seq", type=count("batch"), help="sequence length (default the model's)")
@@ -59,10 +60,13 @@ def cli_plan(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {k: _value(k, v) for k, v in args.fix.items()}
     if args.allow is not None:
         options["allow"] = _allowed(args.allow)
+    hardware = HARDWARE if args.hardware is None else args.hardware
     table = plan(
-        args.model, args.hardware, args.chips, args.batch_tokens, args.seq, efficiency=args.efficiency,
+        args.model, hardware, args.chips, args.batch_tokens, args.seq, efficiency=args.efficiency,
         window=args.window, headroom=args.headroom, policy=args.policy, **options,
     )  # fmt: skip
+    if args.hardware is None:
+        table.defaults = {"hardware": HARDWARE, **table.defaults}
     if args.json:
         print(table.to_json(args.top))
     else:

@@ -57,6 +57,7 @@ from ..models.mlp import MLP
 from ..plans import Plan
 from .bound import comm_excess, excess_terms
 from .efficiency import Efficiency
+from .fixes import advise
 from .hardware import Hardware
 from .placement import AxisLink
 from .program_estimate import estimate_program
@@ -132,9 +133,10 @@ def estimate(
                 + (f" (got {wrong})" if wrong else "")
             )
         plan: Any = mesh
-        return estimate_model(
+        est = estimate_model(
             scheme, plan, hardware, batch_tokens=batch_tokens, seq=seq, chips=chips, policy=policy, **shared
         )
+        return advise(est, seq=seq, policy=policy, **shared)  # its defaults named; how to fit, if it does not
     check_scheme_arguments(scheme, mesh, batch, d_model, d_ff, batch_tokens, seq, chips)
     if policy is not None:
         raise CostModelError(
@@ -144,9 +146,10 @@ def estimate(
 
     assert isinstance(scheme, str) and not isinstance(mesh, (Plan, str))
     assert batch is not None and d_model is not None and d_ff is not None
-    return estimate_scheme(
+    est = estimate_scheme(
         scheme, mesh, hardware, batch, d_model, d_ff, layers, axes=axes, activation=activation, pad=pad, **shared
     )
+    return advise(est, seq=None, **shared)
 
 
 def check_scheme_arguments(

@@ -16,9 +16,9 @@ overrides it; a tensor-parallel group larger than the NVLink domain is said in `
 
 >>> est = estimate_model("llama3-8b", "dp=8,tp=8,zero=1", "h100", batch_tokens=64 * 8192, efficiency="ideal")
 >>> est.chips, est.bound, round(est.mfu, 2)
-(64, 'compute', 0.5)
->>> round(est.model_flops / est.six_nt, 2)  # attention's matmuls at 8192 tokens on top of 6·N·T
-1.2
+(64, 'communication', 0.57)
+>>> round(est.model_flops / est.six_nt, 2)  # FlashAttention's visible key tiles at 8192 tokens on top of 6·N·T
+1.09
 """
 
 from __future__ import annotations

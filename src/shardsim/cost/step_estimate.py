@@ -25,6 +25,7 @@ from ..models import TransformerConfig
 from ..models.mlp import MLP
 from ..plans import Plan
 from .bound import comm_excess, excess_terms
+from .changes import Fix, advice_line
 from .efficiency import IDEAL, Efficiency
 from .hardware import Hardware
 from .numbers import gb, ms
@@ -52,6 +53,9 @@ class Estimate:
     as the planner times it): no whole program is built (``program`` is None), the time line
     has one bar per schedule item and stream, and ``flops`` holds the step's model and
     hardware FLOPs over all chips, read off the layer program.
+    ``defaults`` names the defaults the estimate applied (:mod:`~shardsim.cost.defaults`);
+    ``fixes`` the single changes of a transformer's plan that fit when its step does not
+    (:mod:`~shardsim.cost.fixes`; None when not asked).
     """
 
     scheme: str
@@ -76,6 +80,8 @@ class Estimate:
     placement: Placement | None = None
     warnings: list[str] = field(default_factory=list)
     flops: tuple[float, float] | None = None
+    defaults: dict[str, str] = field(default_factory=dict)
+    fixes: list[Fix] | None = None
 
     @property
     def cfg(self) -> TransformerConfig | None:
@@ -231,7 +237,8 @@ class Estimate:
     def memory_line(self) -> str:
         """Whether the step fits the chip and by how much it does not; then, on a second line,
         the bytes by category and the training step they were measured over (or that the
-        memory was not measured)."""
+        memory was not measured); a transformer's that does not fit ends with how to fit
+        (:func:`~shardsim.cost.changes.advice_line`)."""
         if not self.memory:
             return "memory not measured (memory=False): fits and shortfall say nothing"
         mem, cap = gb(self.memory.get("total", 0)), gb(self.hardware.hbm_capacity)
@@ -242,7 +249,10 @@ class Estimate:
             head = f"memory does not fit: needs {mem} GB of {cap} GB ({gb(self.shortfall)} GB short)"
             rows = self.largest()
         parts = ", ".join(f"{c} {gb(b)} GB" for c, b in rows)
-        return f"{head}\n{'largest' if not self.fits else 'by category'}: {parts}; over {self.memory_source}"
+        text = f"{head}\n{'largest' if not self.fits else 'by category'}: {parts}; over {self.memory_source}"
+        if self.fixes is not None:
+            text += "\n" + advice_line(self.fixes, self.plan, self.batch // max(self.seq, 1))
+        return text
 
     def breakdown(self, by: str = "collective") -> list[dict[str, Any]]:
         """Rows of seconds: ``by="collective"`` per (phase, op, axes, label) summed over layers,
@@ -320,8 +330,15 @@ class Estimate:
                     f"padded {k} {a} -> {b} (a multiple of the {self.chips} chips, as FSDP pads its parameters)"
                     for k, (a, b) in self.padding.items()
                 ),
+                *self._defaults_line(),
             ]
         )
+
+    def _defaults_line(self) -> list[str]:
+        """The defaults line (:func:`~shardsim.cost.defaults.line`), when any was applied."""
+        from .defaults import line
+
+        return [line(self.defaults)] if self.defaults else []
 
     def model_summary(self, cfg: TransformerConfig) -> str:
         """Plan, model, step, tokens/s, MFU and FLOPs, bound, bubble, memory, warnings."""
@@ -341,6 +358,7 @@ class Estimate:
                 + f": bubble {self.bubble:.1%} of the step (closed form {self.bubble_closed_form:.1%})"
             )
         lines += [self.memory_line(), self.efficiency.describe(), *(f"warning: {w}" for w in self.warnings)]
+        lines += self._defaults_line()
         return "\n".join(lines)
 
     def figures(self) -> list[tuple[str, str]]:

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..cost.defaults import applied
 from ..cost.efficiency import Efficiency, resolve_efficiency
 from ..cost.hardware import Hardware, Switched, Torus
 from ..cost.layer_program import LayerCache
@@ -38,6 +39,7 @@ from ..errors import CostModelError, PlanError, PlannerError, ShardsimError
 from ..mesh import MAX_CHIPS, Mesh
 from ..models import TransformerConfig
 from ..models.presets import get as get_model
+from ..plans import Plan
 from ..training import policies
 from ..training.policies import BytePolicy
 from .bounds import memory_bound, stage_bound, state_bytes, time_bound
@@ -73,7 +75,8 @@ def plan(
     ``recompute="full"``, ``schedule="interleaved"``...) or limit the space (``allow``,
     ``headroom``, ``batch_range``, ``micro_range``, ``tp_max``; :class:`~.space.Constraints`).
     ``window``: the table keeps every plan within this fraction of the best's time per token.
-    ``progress``: a counter on stderr (default: when stderr is a terminal). ``policy``: the
+    ``progress``: a counter on stderr (default: once the search has run a second, when stderr is a
+    terminal; :mod:`.progress`). ``policy``: the
     training step's byte policy (:mod:`shardsim.training.policies`; default bf16 weights with
     float32 master weights and Adam moments), whose ledger gives every plan's memory; a policy
     that names a ZeRO stage (``megatron``: 0, ``megatron-distributed``: 1) holds the search to it.
@@ -83,7 +86,7 @@ def plan(
     nothing fits, search larger chip counts for the nearest on which the request has a plan and
     name it (:mod:`.reasons`); off for callers that walk the chip counts themselves.
     """
-    t0 = time.perf_counter()
+    t0, asked_seq = time.perf_counter(), seq
     cfg, hw, batch_tokens, seq, chosen, cons = check_arguments(
         model, hardware, batch_tokens, seq, window=window, progress=progress, policy=policy, cache=cache,
         constraints=constraints,
@@ -97,6 +100,10 @@ def plan(
         _check_cache(cache, cfg, hw, seq, efficiency, links, topology, chosen)
     req = _Request(cfg, hw, batch_tokens, seq, cons, links, topology, window, cache)
     table = _search(req, chips, progress, t0)
+    table.defaults = applied(
+        plan=Plan(), efficiency=efficiency, policy=policy, seq=asked_seq, model_seq=cfg.seq,
+        fixed_attention="attention" in cons.fixed,
+    )  # fmt: skip
     if not table.rows:
         raise PlannerError(table.no_plan_reason(_fits_on(req, chips, table) if nearest else None))
     return table

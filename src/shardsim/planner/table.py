@@ -10,8 +10,9 @@ plan's layer time line. :meth:`PlanTable.to_json` gives every figure as plain va
 >>> from shardsim.models import get
 >>> from shardsim.planner import plan
 >>> t = plan(get("gpt-tiny"), "h100", chips=2, batch_tokens=4 * 16, seq=16, zero=0, recompute="none")
->>> print(str(t).splitlines()[0])  # doctest: +ELLIPSIS
+>>> print(chr(10).join(str(t).splitlines()[:2]))  # doctest: +ELLIPSIS
 gpt-tiny on 2 h100, 64 tokens per step (4 x 16): ... candidates, ... traced, ... kept in ... s
+defaults: attention=flash, precision=bf16 (fp32 master weights and moments), optimizer=adam, efficiency=calibrated
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._format import fmt_time, table_html, table_text
+from ..cost.defaults import line
 from ..cost.hardware import Hardware
 from ..cost.numbers import gb
 from ..models import TransformerConfig
@@ -84,6 +86,7 @@ class PlanTable:
         self.batch_tokens, self.seq, self.rows, self.rejected = batch_tokens, seq, rows, rejected
         self.considered, self.traced, self.seconds = considered, traced, seconds
         self.constraints, self.window = constraints, window
+        self.defaults: dict[str, str] = {}  # the defaults the search applied (:mod:`shardsim.cost.defaults`)
 
     # -- the answer -------------------------------------------------------------------------
     @property
@@ -251,7 +254,8 @@ class PlanTable:
     def text(self, top: int = 10) -> str:
         """The header, the top ``top`` plans, why the best wins and why families were rejected."""
         rows, right = self._cells(top)
-        lines = [self.header(), table_text(rows, right), "", "why: " + self.why_best()]
+        lines = [self.header(), *([line(self.defaults)] if self.defaults else []), table_text(rows, right), ""]
+        lines.append("why: " + self.why_best())
         fams = self.families()
         if fams:
             lines.append("rejected families:")
@@ -284,6 +288,7 @@ class PlanTable:
             "traced": self.traced,
             "kept": self.kept,
             "seconds": self.seconds,
+            "defaults": self.defaults,
             "rows": [e.row() for e in self.rows[:top]],
             "why": self.why_best(),
             "rejected_families": dict(self.families()),

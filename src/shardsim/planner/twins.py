@@ -20,7 +20,7 @@ settings away from their defaults (``recompute=none`` over ``selective``).
 (True, True)
 >>> kept, dropped = simplest_of_twins(rows)
 >>> [str(e.plan) for e in kept], [(str(e.plan), str(t.plan)) for e, t in dropped]
-(['tp=2,attention=flash'], [('tp=2,attention=flash,recompute=selective', 'tp=2,attention=flash')])
+(['tp=2'], [('tp=2,recompute=selective', 'tp=2')])
 """
 
 from __future__ import annotations
