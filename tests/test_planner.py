@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from shardsim.cli import main
 from shardsim.cost import get_hardware
 from shardsim.cost.layer_program import LayerCache
-from shardsim.cost.pipeline_clock import stage_layers
 from shardsim.errors import PlannerError, ShardsimError
 from shardsim.models import get
 from shardsim.planner import Candidate, days_to_train, fewest_chips, plan
@@ -25,6 +24,7 @@ from shardsim.planner.evaluate import evaluate
 from shardsim.planner.space import FIXABLE, Constraints, candidates
 from shardsim.plans import Plan
 from shardsim.training import model_memory, policies
+from shardsim.training.stage_memory import stage_layers
 from test_run_model import check_against_reference
 
 LLAMA = get("llama-tiny").scaled(layers=4)

@@ -33,12 +33,13 @@ from ..models import TransformerConfig
 from ..models import get as get_model
 from ..models.mlp import MLP
 from ..plans import DEGREE, ROLES, Plan
+from ..training.stage_memory import check_stages
 from .builder import memory_of, mlp_axes, mlp_scheme, program_of
 from .efficiency import Efficiency, resolve_efficiency
 from .hardware import Hardware, Switched, Torus
 from .memory_source import memory_source
 from .model_steps import ModelProgram, check_batch, check_sizes, check_work
-from .pipeline_estimate import check_stages, estimate_pipeline
+from .pipeline_estimate import estimate_pipeline
 from .placement import AxisLink, hungry_first, place
 from .presets import get_hardware
 from .program_estimate import estimate_program
@@ -303,10 +304,10 @@ def _estimate_transformer(
         and precision in (None, "bf16")
     ):
         # the planner's clock on the layer program (its module doc); other options: the whole program
-        even = cfg.scaled(layers=check_stages(cfg, p, b) * p.pp)  # the deepest stage's layers on every stage
+        check_stages(cfg, p, b)  # uneven stages are estimated as placed, their memory at the deepest
         measured = None
         if memory:
-            peak, state = memory_of(even, p, batch_tokens, s, optimizer=optimizer, precision=precision, policy=policy)
+            peak, state = memory_of(cfg, p, batch_tokens, s, optimizer=optimizer, precision=precision, policy=policy)
             measured = (peak, state, source)
         return estimate_pipeline(
             cfg, p, hw, batch=b, seq=s, efficiency=efficiency, policy=policy, links=links, topology=topology,

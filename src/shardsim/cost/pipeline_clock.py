@@ -25,20 +25,9 @@ from dataclasses import dataclass
 
 from ..plans import Plan
 from ..strategies.pipeline.schedule import Schedule, make, needs
+from ..training.stage_memory import stage_layers
 from .layer_program import Layer
 from .timeline import Bar, Timeline
-
-
-def stage_layers(layers: int, parts: int) -> int | None:
-    """Layers on each of ``parts`` virtual stages (the most any holds), or None when they do not
-    balance: equal, or the first and last one layer short (Llama 3's 126 layers on 16 stages).
-
-    >>> stage_layers(126, 16), stage_layers(96, 16), stage_layers(100, 16)
-    (8, 6, None)
-    """
-    per = -(-layers // parts)
-    short = per * parts - layers
-    return per if short == 0 or (short <= 2 and parts >= 2 and per >= 2) else None
 
 
 def virtual_stage_layers(layers: int, p: int, v: int) -> list[int]:

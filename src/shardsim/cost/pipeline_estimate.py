@@ -26,15 +26,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 
-from ..errors import DivisibilityError, ShardsimError
+from ..errors import ShardsimError
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..plans import Plan
-from ..transformer import checks
 from .efficiency import Efficiency
 from .hardware import Hardware
 from .layer_program import LayerCache
-from .pipeline_clock import item_timeline, stage_layers
+from .pipeline_clock import item_timeline
 from .placement import AxisLink
 from .presets import get_hardware
 from .step_estimate import Estimate
@@ -53,22 +52,6 @@ def layer_cache(
     return LayerCache(cfg, hardware, seq=seq, efficiency=efficiency, policy=policy, inner=inner)
 
 
-def check_stages(cfg: TransformerConfig, plan: Plan, batch: int) -> int:
-    """The layers of the busiest pipeline stage, after the pipeline's checks: the layers over
-    ``pp x virtual_stages`` evenly or with the first and last one short, the batch over the data
-    axis and the microbatches, interleaving in groups of ``pp``, untied embeddings."""
-    parts = plan.pp * plan.virtual_stages
-    per = stage_layers(cfg.layers, parts)
-    if per is None:
-        raise DivisibilityError(
-            f"layers={cfg.layers} do not divide over pp={plan.pp} stages x virtual_stages={plan.virtual_stages}, "
-            f"nor leave only the first and last one layer short; choose pp x virtual_stages dividing {cfg.layers} "
-            f"(or {cfg.layers + 1}, {cfg.layers + 2})"
-        )
-    checks.check_pipeline(cfg.scaled(layers=per * parts), plan, batch)  # the rest of run_model's rules
-    return per * plan.virtual_stages
-
-
 def estimate_pipeline(
     cfg: TransformerConfig,
     plan: Plan,
@@ -85,7 +68,8 @@ def estimate_pipeline(
     warnings: Sequence[str] = (),
 ) -> Estimate:
     """The :class:`~shardsim.cost.Estimate` of ``cfg`` under the pipelined ``plan`` on ``batch``
-    sequences of ``seq`` (module doc), the plan already checked (:func:`check_stages`);
+    sequences of ``seq`` (module doc), the plan already checked
+    (:func:`~shardsim.training.stage_memory.check_stages`);
     ``links``/``topology`` as :func:`~shardsim.cost.estimate` takes them, ``inner`` the mesh's
     axes innermost first on a GPU (the estimate's placement), ``memory`` the step's
     ``(peak, state, source)`` when measured."""
@@ -123,4 +107,4 @@ def _is_preset(hw: Hardware) -> bool:
         return False
 
 
-__all__ = ["check_stages", "estimate_pipeline", "layer_cache"]
+__all__ = ["estimate_pipeline", "layer_cache"]

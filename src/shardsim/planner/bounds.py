@@ -37,11 +37,11 @@ import math
 
 from ..cost.efficiency import Efficiency
 from ..cost.hardware import Hardware
-from ..cost.pipeline_clock import stage_layers
 from ..models import TransformerConfig
 from ..training import optim, policies
 from ..training.policies import BytePolicy
 from ..training.precision import Precision
+from ..training.stage_memory import stage_layers
 from .space import Candidate
 
 

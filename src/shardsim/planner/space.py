@@ -39,11 +39,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._divisors import divisors
-from ..cost.pipeline_clock import stage_layers
 from ..cost.units import tokens_argument
 from ..errors import PlannerError
 from ..models import TransformerConfig
 from ..plans import ATTENTION, CP_METHODS, RECOMPUTE, SCHEDULES, Plan
+from ..training.stage_memory import stage_layers
 
 PARALLELISMS = ("dp", "zero", "tp", "sp", "pp", "cp", "ep")
 FIXABLE = (

@@ -21,7 +21,8 @@ line through them; if three runs are not on one line the step is traced in full 
 ``full=True`` always does). A pipeline's figures come from the steady state of a two-stage
 probe (:mod:`~shardsim.training.stage_memory`): its stages' own state, and the stash of the
 microbatches the schedule holds in flight, so a step of hundreds of microbatches over dozens of
-stages is never traced whole. The tests hold both to the full trace.
+stages is never traced whole; stages of unequal depth (the first and last a layer short, as
+BLOOM's 70 layers on 12 stages) are counted at the deepest. The tests hold both to the full trace.
 
 >>> from shardsim.models import get
 >>> from shardsim.plans import Plan
@@ -41,10 +42,9 @@ from ..errors import ModelInputError, PlanError
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..models import get as get_model
-from ..transformer import checks
 from . import policies
 from .precision import Precision
-from .stage_memory import pipeline_memory
+from .stage_memory import check_stages, pipeline_memory
 from .traced import trained_step
 
 if TYPE_CHECKING:
@@ -101,8 +101,10 @@ def model_memory(
     length = cfg.seq if seq is None else seq
 
     if plan.pp > 1 and not full:  # the steady state of a two-stage probe (its module doc)
-        checks.check_pipeline(cfg, plan, batch)
-        return pipeline_memory(cfg, plan, batch=batch, seq=length, optimizer=optimizer, precision=prec)
+        deepest = check_stages(cfg, plan, batch)  # uneven stages counted at the deepest
+        return pipeline_memory(
+            cfg, plan, batch=batch, seq=length, optimizer=optimizer, precision=prec, stage_layers=deepest
+        )
 
     def measure(model: TransformerConfig) -> _Figures:
         """The ledger of one step of ``model``."""

@@ -44,9 +44,11 @@ from __future__ import annotations
 
 import functools
 
+from ..errors import DivisibilityError
 from ..models import TransformerConfig
 from ..plans import Plan
 from ..strategies.pipeline.schedule import make
+from ..transformer import checks
 from .precision import Precision
 from .traced import trained_step
 
@@ -54,6 +56,34 @@ PROBE_LAYERS = (2, 3, 4)  # layers per stage of the probes a stage's figures are
 _STASHED = ("activations", "total")  # the categories the stash of microbatches in flight adds to
 
 _Figures = tuple[dict[str, int], dict[str, int]]
+
+
+def stage_layers(layers: int, parts: int) -> int | None:
+    """Layers on each of ``parts`` virtual stages (the most any holds), or None when they do not
+    balance: equal, or the first and last one layer short (Llama 3's 126 layers on 16 stages).
+
+    >>> stage_layers(126, 16), stage_layers(96, 16), stage_layers(100, 16)
+    (8, 6, None)
+    """
+    per = -(-layers // parts)
+    short = per * parts - layers
+    return per if short == 0 or (short <= 2 and parts >= 2 and per >= 2) else None
+
+
+def check_stages(cfg: TransformerConfig, plan: Plan, batch: int) -> int:
+    """The layers of the busiest pipeline stage, after the pipeline's checks: the layers over
+    ``pp x virtual_stages`` evenly or with the first and last one short, the batch over the data
+    axis and the microbatches, interleaving in groups of ``pp``, untied embeddings."""
+    parts = plan.pp * plan.virtual_stages
+    per = stage_layers(cfg.layers, parts)
+    if per is None:
+        raise DivisibilityError(
+            f"layers={cfg.layers} do not divide over pp={plan.pp} stages x virtual_stages={plan.virtual_stages}, "
+            f"nor leave only the first and last one layer short; choose pp x virtual_stages dividing {cfg.layers} "
+            f"(or {cfg.layers + 1}, {cfg.layers + 2})"
+        )
+    checks.check_pipeline(cfg.scaled(layers=per * parts), plan, batch)  # the rest of run_model's rules
+    return per * plan.virtual_stages
 
 
 def pipeline_memory(
@@ -181,4 +211,4 @@ def _on_the_line(ks: tuple[int, ...], values: list[dict[str, int]], n: int) -> d
     return out
 
 
-__all__ = ["PROBE_LAYERS", "pipeline_memory"]
+__all__ = ["PROBE_LAYERS", "check_stages", "pipeline_memory", "stage_layers"]
