@@ -215,6 +215,12 @@ def _exposed(lay: Layer, compute: float, n: int, m: int, plan: Plan) -> dict[str
     return {a: s * scale for a, s in out.items() if s > 0}
 
 
+def pipeline_step(cache: LayerCache, c: Candidate) -> float:
+    """A pipelined candidate's step time alone (its clock, without its memory's probe), as
+    :func:`evaluate` gives it."""
+    return _pipeline(cache, cache.layer(c.plan, c.micro, c.order), c)[1]
+
+
 def _pipeline(cache: LayerCache, lay: Layer, c: Candidate) -> tuple[float, float, float]:
     """The schedule's span on the traced durations without the gradient reductions and with
     them, and the busiest stage's busy time (:mod:`shardsim.cost.pipeline_clock`)."""

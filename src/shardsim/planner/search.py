@@ -43,7 +43,7 @@ from ..plans import Plan
 from ..training import policies
 from ..training.policies import BytePolicy
 from .bounds import memory_bound, stage_bound, state_bytes, time_bound
-from .evaluate import PlanEstimate, evaluate
+from .evaluate import PlanEstimate, evaluate, pipeline_step
 from .progress import Progress
 from .reasons import either, nearest_batches, nearest_chips, tokens_text
 from .space import PARALLELISMS, Candidate, Constraints, candidates
@@ -326,6 +326,10 @@ def _walk(
                 lb = stage_bound(cfg, c, per.fwd + per.bwd) / c.tokens(seq)
                 if lb >= best * (1 + window):
                     rejected.append(Rejection(c, "bound", lb / best - 1, lb * c.tokens(seq)))
+                    continue
+                step = pipeline_step(cache, c)  # the clock before the memory: the probe costs more
+                if step / c.tokens(seq) > best * (1 + window):
+                    rejected.append(Rejection(c, "bound", step / c.tokens(seq) / best - 1, step))
                     continue
             est = evaluate(cache, c, headroom=headroom)
         except ShardsimError as err:  # a combination the program refuses: say so, never hide it
