@@ -85,6 +85,17 @@ def test_the_command_line_gives_the_planners_figures_for_an_accumulated_plan(cap
     assert math.isclose(got["memory_bytes"], r.memory["total"], rel_tol=TOL)
 
 
+def test_the_command_line_gives_the_planners_figures_for_a_pipelined_plan(capsys) -> None:
+    cfg, seq, p = get("llama3-8b"), 1024, Plan.parse("dp=2,tp=4,pp=4,microbatches=8")
+    r = evaluate(LayerCache(cfg, "h100", seq=seq), Candidate(p, 1, 16))
+    argv = ["estimate", "--model", "llama3-8b", "--plan", str(p), "--hardware", "h100",
+            "--batch-tokens", str(16 * seq), "--seq", str(seq), "--json"]  # fmt: skip
+    assert cli.main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert math.isclose(got["step_s"], r.step_s, rel_tol=TOL), (got["step_s"], r.step_s)
+    assert math.isclose(got["memory_bytes"], r.memory["total"], rel_tol=TOL)
+
+
 def test_an_accumulated_step_is_m_microbatches_and_one_reduction() -> None:
     """``m`` microbatches: ``m - 1`` of the microbatch's step without the data-axis reduction,
     then the microbatch's whole step (its backward overlapping the reduction); the memory is
