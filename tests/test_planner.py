@@ -19,7 +19,7 @@ from shardsim.cost.layer_program import LayerCache
 from shardsim.errors import PlannerError, ShardsimError
 from shardsim.models import get
 from shardsim.planner import Candidate, days_to_train, fewest_chips, plan
-from shardsim.planner.bounds import memory_bound, stage_bound, state_bytes, time_bound
+from shardsim.planner.bounds import memory_bound, stage_bound, stage_memory_bound, state_bytes, time_bound
 from shardsim.planner.evaluate import evaluate
 from shardsim.planner.space import FIXABLE, Constraints, candidates
 from shardsim.plans import Plan
@@ -90,8 +90,11 @@ def test_bounds_are_lower_bounds(c):
     _, eff = _CACHE.placement(c.plan, c.order)
     assert memory_bound(LLAMA, c, seq=16) <= est.memory["total"]
     assert time_bound(LLAMA, c, hw, eff, seq=16) <= est.step_s * (1 + 1e-9)
-    per = _CACHE.layer(c.plan, c.micro, c.order).per_layer
+    lay = _CACHE.layer(c.plan, c.micro, c.order)
+    per = lay.per_layer
     assert stage_bound(LLAMA, c, per.fwd + per.bwd) <= est.step_s * (1 + 1e-9)
+    if c.plan.pp > 1:
+        assert stage_memory_bound(LLAMA, c, lay) <= est.memory["total"]
 
 
 _POLICY_CACHES = {name: LayerCache(LLAMA, "h100", seq=16, policy=name) for name in policies.names()}
@@ -281,3 +284,33 @@ def test_batch_range_and_headroom_constraints():
         assert row.memory["total"] <= 0.5 * hbm and row.tokens == row.candidate.batch * 16
     with pytest.raises(PlannerError, match="whole number of 16-token sequences"):
         plan(LLAMA, "h100", 4, batch_tokens=6 * 16 + 1, seq=16)
+
+
+_REAL = LayerCache(get("llama3-8b"), "h100", seq=8192)
+
+
+@pytest.mark.parametrize(
+    "text, micro",
+    [
+        ("dp=2,zero=1", 1),
+        ("dp=2,tp=16,sp", 2),  # more chips on the model axis than KV heads: KV replicated
+        ("dp=2,tp=4,recompute=full,microbatches=2", 1),
+        ("dp=2,cp=2,tp=2,attention=flash", 1),
+        ("dp=2,tp=2,pp=2,microbatches=4", 1),
+        ("dp=4,zero=3,tp=8,pp=4,schedule=interleaved,virtual_stages=2,microbatches=8", 1),
+    ],
+)
+def test_bounds_hold_at_real_sizes(text, micro):
+    """At Llama 3 8B's shapes (matmuls near the efficiency curve's plateau, KV heads replicated
+    over a wide model axis) the untraced and the traced bounds stay under the traced figures."""
+    plan = Plan.parse(text)
+    c = Candidate(plan, micro=micro, batch=plan.dp * plan.microbatches * micro)
+    est = evaluate(_REAL, c)
+    hw = get_hardware("h100")
+    _, eff = _REAL.placement(plan, c.order)
+    assert time_bound(_REAL.model, c, hw, eff, seq=8192) <= est.step_s
+    assert memory_bound(_REAL.model, c, seq=8192) <= est.memory["total"]
+    lay = _REAL.layer(plan, micro, c.order)
+    assert stage_bound(_REAL.model, c, lay.per_layer.fwd + lay.per_layer.bwd) <= est.step_s * (1 + 1e-9)
+    if plan.pp > 1:
+        assert stage_memory_bound(_REAL.model, c, lay) <= est.memory["total"]

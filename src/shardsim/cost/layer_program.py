@@ -34,7 +34,8 @@ per microbatch.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,31 +73,46 @@ class Times:
         return Times(self.fwd - other.fwd, self.bwd - other.bwd, self.sync - other.sync, self.fused - other.fused)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Layer:
     """What the planner reads off a layer sharding's traces (see the module doc).
 
     ``per_layer``/``edge``: :class:`Times` of one layer and of the embedding with the head
-    (from the runs at one and two layers); ``peaks``: each category's per-chip peak bytes
-    (and ``"total"``) over the training step at one, two and three layers; ``states``: the
-    model state (``params``, ``grads``, ``optimizer``) live between the backward pass and the
-    update at the same depths; ``stored``: bytes one layer keeps for the backward pass per
-    microbatch; ``flops``: one microbatch's model FLOPs per chip at one and two layers (the
-    forward and backward matmuls, recomputation left out, as MFU counts them);
+    (from the runs at one and two layers); ``stored``: bytes one layer keeps for the backward
+    pass per microbatch; ``flops``: one microbatch's model FLOPs per chip at one and two
+    layers (the forward and backward matmuls, recomputation left out, as MFU counts them);
     ``timeline``: the two-layer program's time line (the picture of the layer's step);
     ``work``: the :func:`pass_work` of one layer and of the embedding with the head;
-    ``hardware_flops``: as ``flops``, recomputation included.
+    ``hardware_flops``: as ``flops``, recomputation included. ``memory`` gives, when first
+    read, the bytes: :attr:`peaks`, each category's per-chip peak (and ``"total"``) over the
+    training step at one, two and three layers, and :attr:`states`, the model state
+    (``params``, ``grads``, ``optimizer``) live between the backward pass and the update at
+    the same depths. Its runs (the three-layer step, and under ZeRO the step at four data
+    ranks) are traced only then: a candidate its clock rules out never needs them.
     """
 
     per_layer: Times
     edge: Times
-    peaks: tuple[dict[str, int], ...]
     stored: int
     flops: tuple[int, int]
     timeline: Timeline
-    states: tuple[dict[str, int], ...]
+    memory: Callable[[], tuple[tuple[dict[str, int], ...], tuple[dict[str, int], ...]]]
     work: tuple[dict[str, float], dict[str, float]] = ({}, {})
     hardware_flops: tuple[int, int] = (0, 0)
+
+    @functools.cached_property
+    def _bytes(self) -> tuple[tuple[dict[str, int], ...], tuple[dict[str, int], ...]]:
+        return self.memory()
+
+    @property
+    def peaks(self) -> tuple[dict[str, int], ...]:
+        """Each category's per-chip peak bytes at one, two and three layers."""
+        return self._bytes[0]
+
+    @property
+    def states(self) -> tuple[dict[str, int], ...]:
+        """The model state's bytes per chip at one, two and three layers."""
+        return self._bytes[1]
 
     def bytes_at(self, category: str, layers: int) -> int:
         """The category's per-chip peak over the step with ``layers`` layers, extended from the traces."""
@@ -181,9 +197,17 @@ def trace_plan(plan: Plan) -> Plan:
     'dp=2,zero=1,tp=2'
     >>> str(trace_plan(Plan.parse("dp=64,zero=3,tp=2")))
     'dp=2,zero=3,tp=2'
+
+    The program's own roles name the recomputation it runs: under FlashAttention selective
+    recomputation has nothing to drop, so it is traced as none (:class:`~shardsim.transformer.roles.Roles`).
+
+    >>> [str(trace_plan(Plan.parse(f"tp=2,recompute=selective,attention={a}"))) for a in ("flash", "standard")]
+    ['tp=2', 'tp=2,recompute=selective,attention=standard']
     """
+    from ..transformer.roles import Roles
+
     lp = plan.replace(pp=1, microbatches=1, virtual_stages=1, schedule="1f1b", precision=None)
-    return lp.replace(dp=min(lp.dp, 2))
+    return lp.replace(dp=min(lp.dp, 2), recompute=Roles.of(plan).recompute)
 
 
 def _at_dp(two: list[_Run], four: list[_Run], dp: int) -> list[_Run]:
@@ -231,7 +255,7 @@ class LayerCache:
         self.efficiency, self.links, self.topology, self.inner = efficiency, links, topology, inner
         self._params = frozenset(model.scaled(layers=2).param_shapes())  # the traced programs' weights
         self._layers: dict[tuple[Any, ...], Layer] = {}
-        self._programs: dict[tuple[str, int], list[_Run]] = {}
+        self._programs: dict[tuple[str, int, int], _Run] = {}
         self._placements: dict[tuple[Any, ...], tuple[Placement, Efficiency]] = {}
         self._p2p: dict[tuple[Any, ...], float] = {}
         self.traced = 0
@@ -270,23 +294,15 @@ class LayerCache:
         pl, eff = self.placement(plan, order)
         key = (str(lp), micro, plan.dp, tuple(pl.axis_sizes.items()))
         if key not in self._layers:
-            runs = self._runs(lp, micro)
-            if lp.zero >= 1 and plan.dp > 2:  # the shards' bytes at the plan's own data-parallel degree
-                runs = _at_dp(runs, self._runs(lp.replace(dp=4), micro), plan.dp)
-            self._layers[key] = self._cost(runs, pl, eff)
+            self._layers[key] = self._cost(lp, micro, plan.dp, pl, eff)
         return self._layers[key]
 
-    def _runs(self, lp: Plan, micro: int) -> list[_Run]:
-        if (str(lp), micro) not in self._programs:
-            self._programs[(str(lp), micro)] = self._trace(lp, micro)
-        return self._programs[(str(lp), micro)]
-
-    def _trace(self, lp: Plan, micro: int) -> list[_Run]:
-        """The three shape-only training steps (one, two and three layers) of the layer program,
-        read from the cost model's shared steps (:func:`~shardsim.training.traced.trained_step`)."""
-        self.traced += 1
-        runs = []
-        for layers in (1, 2, 3):
+    def _run(self, lp: Plan, micro: int, layers: int) -> _Run:
+        """The shape-only training step of the layer program at ``layers`` layers, read from the
+        cost model's shared steps (:func:`~shardsim.training.traced.trained_step`)."""
+        key = (str(lp), micro, layers)
+        if key not in self._programs:
+            self.traced += layers == 1  # a layer sharding counts once, at its first step
             cfg = self.model.scaled(layers=layers, seq=max(self.seq, self.model.seq), name="")
             tok = (lp.dp * lp.ep * micro, self.seq)
             step = trained_step(cfg, lp, lp.mesh(), tok, self.optimizer, self.precision)
@@ -296,17 +312,25 @@ class LayerCache:
             mesh = step.mesh
             flops = sum(e.flops * chips_running(mesh, e.where) for e in events if e.phase != "recompute") // mesh.size
             every = sum(e.flops * chips_running(mesh, e.where) for e in events) // mesh.size
-            # the one-layer run's stored bytes are one layer's
-            runs.append(_Run(events, dict(step.memory), dict(step.model_state), step.stored, flops, every))
-        return runs
+            self._programs[key] = _Run(events, dict(step.memory), dict(step.model_state), step.stored, flops, every)
+        return self._programs[key]
 
-    def _cost(self, runs: list[_Run], pl: Placement, eff: Efficiency) -> Layer:
-        (t1, _, w1), (t2, tl, w2) = (self._times(r.events, pl, eff) for r in runs[:2])
+    def _memory(self, lp: Plan, micro: int, dp: int) -> tuple[tuple[dict[str, int], ...], tuple[dict[str, int], ...]]:
+        """The peaks and states at one, two and three layers; under ZeRO at ``dp`` data ranks
+        from the steps at two and four (:func:`_at_dp`)."""
+        runs = [self._run(lp, micro, k) for k in (1, 2, 3)]
+        if lp.zero >= 1 and dp > 2:  # the shards' bytes at the plan's own data-parallel degree
+            runs = _at_dp(runs, [self._run(lp.replace(dp=4), micro, k) for k in (1, 2, 3)], dp)
+        return tuple(r.peak for r in runs), tuple(r.state for r in runs)
+
+    def _cost(self, lp: Plan, micro: int, dp: int, pl: Placement, eff: Efficiency) -> Layer:
+        r1, r2 = self._run(lp, micro, 1), self._run(lp, micro, 2)
+        (t1, _, w1), (t2, tl, w2) = (self._times(r.events, pl, eff) for r in (r1, r2))
         per, work = t2 - t1, _minus(pass_work(w2), pass_work(w1))
-        peaks, states = tuple(r.peak for r in runs), tuple(r.state for r in runs)
-        flops, every = (runs[0].flops, runs[1].flops), (runs[0].hardware_flops, runs[1].hardware_flops)
+        flops, every = (r1.flops, r2.flops), (r1.hardware_flops, r2.hardware_flops)
         edge_work = _minus(pass_work(w1), work)
-        return Layer(per, t1 - per, peaks, runs[0].stored, flops, tl, states, (work, edge_work), every)
+        memory = functools.partial(self._memory, lp, micro, dp)
+        return Layer(per, t1 - per, r1.stored, flops, tl, memory, (work, edge_work), every)
 
     def _times(self, events: Sequence[Event], pl: Placement, eff: Efficiency) -> tuple[Times, Timeline, Timeline]:
         """The times of two time lines, the microbatch's work alone and with the gradient

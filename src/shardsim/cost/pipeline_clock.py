@@ -69,15 +69,6 @@ def passes(lay: Layer, layers: int, p: int, v: int) -> Passes:
     )
 
 
-def schedule_of(name: str, p: int, m: int, v: int) -> Schedule:
-    """The pipeline schedule (:func:`shardsim.strategies.pipeline.schedule.make`), built once per shape."""
-    key = (name, p, m, v)
-    if key not in _SCHEDULES:
-        _SCHEDULES[key] = make(name, p, m, v)
-    return _SCHEDULES[key]
-
-
-_SCHEDULES: dict[tuple[str, int, int, int], Schedule] = {}
 Slots = tuple[tuple[int, int, int, bool, bool], ...]
 _COMPILED: dict[int, tuple[Schedule, Slots]] = {}
 
@@ -174,7 +165,7 @@ def item_timeline(plan: Plan, lay: Layer, layers: int, send: float, title: str =
     True
     """
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
-    sched = schedule_of(plan.schedule, p, m, v)
+    sched = make(plan.schedule, p, m, v)
     ps = passes(lay, layers, p, v)
     starts: list[tuple[float, float]] = []
     _, step, _ = clock(sched, ps.fwd, ps.bwd, send, ps.fused, starts)
@@ -239,4 +230,4 @@ def _comm(
                where=where)  # fmt: skip
 
 
-__all__ = ["Passes", "clock", "item_timeline", "passes", "schedule_of", "stage_layers", "virtual_stage_layers"]
+__all__ = ["Passes", "clock", "item_timeline", "passes", "stage_layers", "virtual_stage_layers"]

@@ -15,9 +15,13 @@ under GPipe, 1F1B and the interleaved schedule alike. Embeddings, norms and ever
 activation only add to it.
 
 Time: the matmul FLOPs of the busiest stage's layers (``6Ψ`` per token, ``8Ψ`` under full
-recomputation; attention only adds) at the chip's best matmul rate (the untimed kernels after
-each matmul only add to it), stretched by the pipeline's bubble
-``(m + (p - 1)/v) / m``.
+recomputation; attention only adds), each weight's at the fastest rate the efficiency curve
+gives a matmul of its shape: ``[T, K] @ [K, N]`` on a chip moves at least ``TK + KN + TN``
+elements (T the microbatch's tokens on the chip), so its intensity is at most that with the
+larger of K and N split over the model axis (the untimed kernels after each matmul only add
+to it); stretched by the pipeline's bubble ``(m + (p - 1)/v) / m``. Once a layer is traced,
+:func:`stage_bound` bounds the schedule on its measured time, and :func:`stage_memory_bound`
+the memory on its measured bytes, before the pipeline's clock and its probe run.
 
 >>> from shardsim.models import get
 >>> from shardsim.plans import Plan
@@ -34,10 +38,15 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 from ..cost.efficiency import Efficiency
 from ..cost.hardware import Hardware
+from ..cost.layer_program import Layer
+from ..dtypes import resolve_dtype
 from ..models import TransformerConfig
+from ..plans import Plan
+from ..strategies.pipeline.schedule import make
 from ..training import optim, policies
 from ..training.policies import BytePolicy
 from ..training.precision import Precision
@@ -107,8 +116,44 @@ def memory_bound(
     return psi * (weights + grads + opt) + held * chunk * block_input
 
 
-def time_bound(model: TransformerConfig, c: Candidate, hw: Hardware, eff: Efficiency, *, seq: int) -> float:
-    """Seconds no plan of this shape can take less than for one step (module doc).
+def stage_memory_bound(model: TransformerConfig, c: Candidate, lay: Layer) -> float:
+    """A lower bound of a pipelined candidate's memory once its layer is traced: the busiest
+    stage's weights and optimizer state as the traced layer stores them (what a third layer
+    adds), and what a layer keeps per microbatch (the traced activations' growth from two layers
+    to three) for every layer of all but one of the microbatch chunks the schedule holds on its
+    first or last stage at once (the last may still be running its forward). Gradients, the
+    embedding, the head and every working set only add.
+
+    >>> from shardsim.models import get
+    >>> from shardsim.plans import Plan
+    >>> from shardsim.cost.layer_program import LayerCache
+    >>> cfg = get("llama-tiny").scaled(layers=8)
+    >>> c = Candidate(Plan.parse("dp=2,pp=4,microbatches=8"), micro=1, batch=16)
+    >>> lay = LayerCache(cfg, "h100", seq=16).layer(c.plan, c.micro)
+    >>> from shardsim.training import model_memory
+    >>> 0 < stage_memory_bound(cfg, c, lay) < model_memory(cfg, c.plan, batch=16, seq=16)[0]["total"]
+    True
+    """
+    p = c.plan
+    n = busiest_stage_layers(model, c)
+    short = 1 if n * p.pp > model.layers else 0  # the first and last stage hold one layer fewer
+    per_state = sum(lay.state_at(k, 3) - lay.state_at(k, 2) for k in ("params", "optimizer"))
+    per_stash = lay.bytes_at("activations", 3) - lay.bytes_at("activations", 2)
+    held = max(in_flight(p.schedule, p.pp, p.microbatches, p.virtual_stages)[:: p.pp - 1])
+    return (n - short) * per_state + ((held - 1) * (n // p.virtual_stages) - short) * per_stash
+
+
+@functools.lru_cache(maxsize=256)
+def in_flight(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    """Each stage's most microbatch chunks in flight at once under the schedule."""
+    return tuple(make(schedule, p, m, v).peak_in_flight())
+
+
+def time_bound(
+    model: TransformerConfig, c: Candidate, hw: Hardware, eff: Efficiency, *, seq: int, dtype: Any = "bfloat16"
+) -> float:
+    """Seconds no plan of this shape can take less than for one step (module doc); ``dtype``
+    the matmuls' (the byte policy's compute dtype, unless the plan names its precision).
 
     >>> from shardsim.models import get
     >>> from shardsim.plans import Plan
@@ -120,13 +165,43 @@ def time_bound(model: TransformerConfig, c: Candidate, hw: Hardware, eff: Effici
     1.0
     """
     p = c.plan
-    per_token = (8 if p.recompute == "full" else 6) * layer_matmul_params(model) / p.tp
-    tokens = c.micro * seq / p.cp  # per chip per microbatch
-    flops = per_token * tokens * busiest_stage_layers(model, c) * p.microbatches
-    m = eff.matmul
-    rate = hw.flops("bfloat16") * (1.0 if m is None else max(m.peak_fraction, m.by_dtype.get("bfloat16", 0.0)))
+    passes = 4 if p.recompute == "full" else 3  # forward, the two backward products, the forward again
+    tokens = c.micro * seq / p.cp  # the rows of each matmul on a chip
+    if p.precision is not None:
+        dtype = Precision.of(p.precision).compute
+    itemsize = resolve_dtype(dtype).itemsize
+    seconds = 0.0
+    for k, n, split in layer_matmuls(model, p.tp):
+        # [T, K] @ [K, N] reads and writes at least (TK + KN + TN) elements, the split one of K
+        # and N divided by tp: its intensity is at most that with the larger one divided
+        # (the backward's two products have the same three dimensions)
+        big, small = max(k, n) / split, min(k, n)
+        intensity = 2 / (itemsize * (1 / tokens + 1 / big + 1 / small))
+        rate = hw.flops(dtype) * eff.matmul_fraction(intensity, dtype)
+        seconds += passes * 2 * tokens * k * n / p.tp / rate
     bubble = (p.microbatches + (p.pp - 1) / p.virtual_stages) / p.microbatches
-    return flops / rate * bubble
+    return seconds * busiest_stage_layers(model, c) * p.microbatches * bubble
+
+
+@functools.lru_cache(maxsize=64)
+def layer_matmuls(model: TransformerConfig, tp: int) -> tuple[tuple[int, int, int], ...]:
+    """``(K, N, split)`` of each of one layer's 2-D matmul weights: ``split`` is ``tp`` when
+    the model axis splits it where it is used, else 1 (replicated, as KV heads are when the
+    model axis has more chips than the model has KV heads).
+
+    >>> from shardsim.models import get
+    >>> layer_matmuls(get("llama3-8b"), 16)[:2]  # wq split, wk replicated (8 KV heads)
+    ((4096, 4096, 16), (4096, 1024, 1))
+    """
+    from ..transformer.roles import Roles
+
+    roles = Roles.of(Plan(tp=tp), model.n_kv)
+    out = []
+    for key, shape in model.scaled(layers=1).param_shapes().items():
+        if key.startswith("layers.") and len(shape) == 2:
+            split = tp > 1 and any(str(roles.model) in d for d in roles.weight_dims(key, sharded=False))
+            out.append((shape[0], shape[1], tp if split else 1))
+    return tuple(out)
 
 
 def stage_bound(model: TransformerConfig, c: Candidate, per_layer_s: float) -> float:

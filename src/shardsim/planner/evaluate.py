@@ -37,9 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cost.layer_program import Layer, LayerCache
-from ..cost.pipeline_clock import clock, passes, schedule_of
+from ..cost.pipeline_clock import clock, passes
 from ..cost.timeline import Timeline
 from ..plans import Plan
+from ..strategies.pipeline.schedule import make
 from ..training.stage_memory import pipeline_memory
 from .bounds import busiest_stage_layers
 from .space import Candidate
@@ -132,16 +133,8 @@ def evaluate(cache: LayerCache, c: Candidate, *, headroom: float = 0.0) -> PlanE
     model, plan = cache.model, c.plan
     lay = cache.layer(plan, c.micro, c.order)
     n = busiest_stage_layers(model, c)
-    per, edge = lay.per_layer, lay.edge
     m = plan.microbatches
-    if plan.pp == 1:
-        work = n * (per.fwd + per.bwd) + edge.fwd + edge.bwd
-        last = n * (per.fwd + per.fused) + edge.fwd + edge.fused
-        step = (m - 1) * work + last
-        parts = {"compute": m * work, "bubble": 0.0, "sync": last - work}
-    else:
-        span, step, busy = _pipeline(cache, lay, c)
-        parts = {"compute": busy, "bubble": span - busy, "sync": step - span}
+    step, parts = _clock(cache, lay, c)
     exposed = _exposed(lay, parts["compute"], n, m, plan)
     mem = _memory(cache, lay, c, n)
     pl, _ = cache.placement(plan, c.order)
@@ -215,10 +208,22 @@ def _exposed(lay: Layer, compute: float, n: int, m: int, plan: Plan) -> dict[str
     return {a: s * scale for a, s in out.items() if s > 0}
 
 
-def pipeline_step(cache: LayerCache, c: Candidate) -> float:
-    """A pipelined candidate's step time alone (its clock, without its memory's probe), as
-    :func:`evaluate` gives it."""
-    return _pipeline(cache, cache.layer(c.plan, c.micro, c.order), c)[1]
+def step_time(cache: LayerCache, c: Candidate) -> float:
+    """The candidate's step time alone (its clock, without its memory), as :func:`evaluate` gives it."""
+    return _clock(cache, cache.layer(c.plan, c.micro, c.order), c)[0]
+
+
+def _clock(cache: LayerCache, lay: Layer, c: Candidate) -> tuple[float, dict[str, float]]:
+    """The step's seconds and their parts: the busiest stage's compute, the pipeline's bubble,
+    and the gradient reduction's exposed tail (``sync``)."""
+    n, m = busiest_stage_layers(cache.model, c), c.plan.microbatches
+    if c.plan.pp == 1:
+        per, edge = lay.per_layer, lay.edge
+        work = n * (per.fwd + per.bwd) + edge.fwd + edge.bwd
+        last = n * (per.fwd + per.fused) + edge.fwd + edge.fused
+        return (m - 1) * work + last, {"compute": m * work, "bubble": 0.0, "sync": last - work}
+    span, step, busy = _pipeline(cache, lay, c)
+    return step, {"compute": busy, "bubble": span - busy, "sync": step - span}
 
 
 def _pipeline(cache: LayerCache, lay: Layer, c: Candidate) -> tuple[float, float, float]:
@@ -227,4 +232,4 @@ def _pipeline(cache: LayerCache, lay: Layer, c: Candidate) -> tuple[float, float
     plan = c.plan
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
     ps = passes(lay, cache.model.layers, p, v)
-    return clock(schedule_of(plan.schedule, p, m, v), ps.fwd, ps.bwd, cache.p2p(plan, c.micro, c.order), ps.fused)
+    return clock(make(plan.schedule, p, m, v), ps.fwd, ps.bwd, cache.p2p(plan, c.micro, c.order), ps.fused)

@@ -42,8 +42,8 @@ from ..models.presets import get as get_model
 from ..plans import Plan
 from ..training import policies
 from ..training.policies import BytePolicy
-from .bounds import memory_bound, stage_bound, state_bytes, time_bound
-from .evaluate import PlanEstimate, evaluate, pipeline_step
+from .bounds import memory_bound, stage_bound, stage_memory_bound, state_bytes, time_bound
+from .evaluate import PlanEstimate, evaluate, step_time
 from .progress import Progress
 from .reasons import either, nearest_batches, nearest_chips, tokens_text
 from .space import PARALLELISMS, Candidate, Constraints, candidates
@@ -129,10 +129,11 @@ def _search(req: _Request, chips: int, progress: bool | None, t0: float) -> Plan
     cfg, hw, cache, seq, cons, window = req.cfg, req.hw, req.cache, req.seq, req.cons, req.window
     traced = cache.traced
     space = _plan_space(cfg, hw, chips, req.batch_tokens, seq, cons, mesh=(req.links, req.topology))
-    ranked, rejected = _rank_by_bounds(cfg, hw, space, cache, seq, state_bytes(cache.policy),
-                                       usable=hw.hbm_capacity * (1 - cons.headroom))  # fmt: skip
+    usable = hw.hbm_capacity * (1 - cons.headroom)
+    ranked, rejected = _rank_by_bounds(cfg, hw, space, cache, seq, state_bytes(cache.policy), usable=usable)
     bar = Progress(len(space), enabled=progress)
-    kept, best = _walk(cfg, cache, ranked, rejected, bar, seq=seq, window=window, headroom=cons.headroom, traced=traced)
+    kept, best = _walk(cfg, cache, ranked, rejected, bar, seq=seq, window=window, headroom=cons.headroom,
+                       usable=usable, traced=traced)  # fmt: skip
     kept = _fastest_rows(kept, rejected, best, window)
     bar.update(considered=len(space), traced=cache.traced - traced, kept=len(kept), force=True)  # the table's counts
     bar.close()
@@ -285,7 +286,7 @@ def _rank_by_bounds(
         if need > usable:
             rejected.append(Rejection(c, "memory", need - usable, None))
             continue
-        ranked.append((time_bound(cfg, c, hw, eff, seq=seq) / c.tokens(seq), c))
+        ranked.append((time_bound(cfg, c, hw, eff, seq=seq, dtype=cache.precision.compute) / c.tokens(seq), c))
     ranked.sort(key=lambda lc: lc[0])
     return ranked, rejected
 
@@ -300,6 +301,7 @@ def _walk(
     seq: int,
     window: float,
     headroom: float,
+    usable: float,
     traced: int,
 ) -> tuple[list[PlanEstimate], float]:
     """Step 3: trace and assemble the ranked candidates in order until the next lower bound is
@@ -320,17 +322,20 @@ def _walk(
             rejected.extend(Rejection(c2, "bound", b2 / best - 1, b2 * c2.tokens(seq)) for b2, c2 in ranked[i:])
             break
         try:
+            lay = cache.layer(c.plan, c.micro, c.order)
             if c.plan.pp > 1:  # the traced layer bounds the schedule before its clock runs
-                lay = cache.layer(c.plan, c.micro, c.order)
                 per = lay.per_layer
                 lb = stage_bound(cfg, c, per.fwd + per.bwd) / c.tokens(seq)
                 if lb >= best * (1 + window):
                     rejected.append(Rejection(c, "bound", lb / best - 1, lb * c.tokens(seq)))
                     continue
-                step = pipeline_step(cache, c)  # the clock before the memory: the probe costs more
-                if step / c.tokens(seq) > best * (1 + window):
-                    rejected.append(Rejection(c, "bound", step / c.tokens(seq) / best - 1, step))
-                    continue
+            step = step_time(cache, c)  # the clock before the memory: its bytes cost more to trace
+            if step / c.tokens(seq) > best * (1 + window):
+                rejected.append(Rejection(c, "bound", step / c.tokens(seq) / best - 1, step))
+                continue
+            if c.plan.pp > 1 and (need := stage_memory_bound(cfg, c, lay)) > usable:  # before the probe
+                rejected.append(Rejection(c, "memory", need - usable, None))
+                continue
             est = evaluate(cache, c, headroom=headroom)
         except ShardsimError as err:  # a combination the program refuses: say so, never hide it
             rejected.append(Rejection(c, "refused", 0.0, None, str(err)))

@@ -52,7 +52,7 @@ from ..transformer import checks
 from .precision import Precision
 from .traced import trained_step
 
-PROBE_LAYERS = (2, 3, 4)  # layers per stage of the probes a stage's figures are carried on from
+PROBE_LAYERS = (2, 3)  # layers per stage of the probes a stage's figures are carried on from
 _STASHED = ("activations", "total")  # the categories the stash of microbatches in flight adds to
 
 _Figures = tuple[dict[str, int], dict[str, int]]
@@ -129,32 +129,36 @@ def _memory(
     real = make(plan.schedule, p, m, v).peak_in_flight()
     probe_plan = _probe_plan(plan)
     probe_in_flight = make(probe_plan.schedule, 2, probe_plan.microbatches, 1).peak_in_flight()
-    ks = PROBE_LAYERS if n >= PROBE_LAYERS[0] else (1, 2, 3)
+    ks = PROBE_LAYERS if n >= PROBE_LAYERS[0] else (1, 2)
     runs = [_probe(cfg, probe_plan, k, micro, seq, optimizer, prec) for k in ks]
-    ones = [_probe(cfg, probe_plan.replace(microbatches=1), k, micro, seq, optimizer, prec) for k in ks]
+    # the stash holds activations, which ZeRO does not split: it is read at two data ranks at most
+    stash_plan = probe_plan.replace(dp=min(plan.dp, 2))
+    stashed = [_probe(cfg, stash_plan, k, micro, seq, optimizer, prec) for k in ks]
+    ones = [_probe(cfg, stash_plan.replace(microbatches=1), k, micro, seq, optimizer, prec) for k in ks]
     more = m - probe_plan.microbatches  # microbatches past the probe's, each leaving its tokens behind
     if more and plan.schedule != "gpipe":  # (under GPipe they are in the stash per microbatch)
-        after = _probe(cfg, probe_plan.replace(microbatches=probe_plan.microbatches + 1), ks[0], micro, seq,
+        after = _probe(cfg, stash_plan.replace(microbatches=probe_plan.microbatches + 1), ks[0], micro, seq,
                        optimizer, prec)  # fmt: skip
     peak: dict[str, int] = {}
     state: dict[str, int] = {}
     for stage, held in ((0, real[0]), (1, real[-1])):
         figures = [r[stage] for r in runs]
+        acts = [r[stage][0]["activations"] for r in stashed]
         probed = probe_in_flight[stage]
         stage_peak = _on_the_line(ks, [f[0] for f in figures], n)
-        kept = after[stage][0]["activations"] - figures[0][0]["activations"] if more and plan.schedule != "gpipe" else 0
+        kept = after[stage][0]["activations"] - acts[0] if more and plan.schedule != "gpipe" else 0
         added = more * kept
         if probed > 1:
             # one microbatch's stash of the stage's layers: what one more in flight adds to the
             # activations (the head's logits among them on the last stage), a part per layer
             # and a part per microbatch chunk (its input)
             one = [r[stage][0]["activations"] for r in ones]
-            stashes = [(f[0]["activations"] - a) // (probed - 1) - kept for f, a in zip(figures, one)]
+            stashes = [(a - a1) // (probed - 1) - kept for a, a1 in zip(acts, one)]
             per_layer = stashes[-1] - stashes[-2]
             per_chunk = _on_the_line(ks, [{"s": s} for s in stashes], n)["s"] - n * per_layer
             added += held * (chunk * per_layer + per_chunk) - probed * (n * per_layer + per_chunk)
         elif held > probed:  # the probe's stage holds one microbatch: count the stash by layers
-            per_layer = figures[1][0]["activations"] - figures[0][0]["activations"]
+            per_layer = acts[1] - acts[0]
             added += (held * chunk - n) * per_layer
         for c in _STASHED:
             stage_peak[c] += added
@@ -185,6 +189,7 @@ def _probe_plan(plan: Plan) -> Plan:
     return plan.replace(pp=2, microbatches=m, virtual_stages=1, schedule="gpipe" if gpipe else "1f1b")
 
 
+@functools.lru_cache(maxsize=4096)  # plans of another pipeline depth or microbatch count share probes
 def _probe(
     cfg: TransformerConfig, plan: Plan, layers: int, micro: int, seq: int, optimizer: str, prec: Precision
 ) -> tuple[_Figures, _Figures]:

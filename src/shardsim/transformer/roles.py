@@ -68,12 +68,15 @@ class Roles:
     @classmethod
     def of(cls, plan: Plan, kv_heads: int | None = None) -> Roles:
         copies = plan.tp // kv_heads if kv_heads is not None and kv_heads < plan.tp else 1
+        fused = plan.cp > 1 or plan.attention == "flash"
+        # selective recomputation drops the attention scores, which FlashAttention never keeps
+        recompute = "none" if fused and plan.recompute == "selective" else plan.recompute
         return cls(
             plan.axis("data"),
             plan.axis("model"),
             plan.sp,
             plan.zero,
-            plan.recompute,
+            recompute,
             copies,
             plan.axis("context"),
             plan.cp_method,

@@ -26,6 +26,7 @@ stage 2 | .  .  F0 B0 F1 B1 F2 B2 F3 B3 .  .
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -201,8 +202,9 @@ def interleaved(stages: int, microbatches: int, chunks: int) -> Schedule:
 SCHEDULES: dict[str, Callable[..., Schedule]] = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved}
 
 
+@functools.lru_cache(maxsize=512)  # a schedule is immutable: the clock, the memory and the bounds share it
 def make(name: str, stages: int, microbatches: int, chunks: int = 1) -> Schedule:
-    """The schedule called ``name`` (``gpipe``, ``1f1b``, ``interleaved``)."""
+    """The schedule called ``name`` (``gpipe``, ``1f1b``, ``interleaved``), built once per shape."""
     if name not in SCHEDULES:
         raise ShardingError(f"unknown pipeline schedule {name!r}; choose one of {list(SCHEDULES)}")
     if name == "interleaved":
