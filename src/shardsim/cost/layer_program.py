@@ -202,7 +202,7 @@ def trace_plan(plan: Plan) -> Plan:
     recomputation has nothing to drop, so it is traced as none (:class:`~shardsim.transformer.roles.Roles`).
 
     >>> [str(trace_plan(Plan.parse(f"tp=2,recompute=selective,attention={a}"))) for a in ("flash", "standard")]
-    ['tp=2', 'tp=2,recompute=selective,attention=standard']
+    ['tp=2', 'tp=2,attention=standard,recompute=selective']
     """
     from ..transformer.roles import Roles
 
