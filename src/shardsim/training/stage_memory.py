@@ -19,7 +19,8 @@ reach the real first stage's steady state: three under 1F1B when that stage runs
 after its first backward (the probe's third forward runs beside two stashed microbatches and
 the first one's gradients), else two (GPipe, whose stash grows with every microbatch, and
 1F1B with no more microbatches than stages). The stash per layer is the probe's own: the activations one more layer
-adds per microbatch in flight. Each figure is read at ``n`` = 2, 3 and 4 layers per stage and
+adds per microbatch in flight, read at two data ranks at most (ZeRO splits the model state,
+never the activations). Each figure is read at ``n`` = 2 and 3 layers per stage and
 carried on the line through them to the busiest stage's layers (the layers are identical, so
 each adds the same bytes), then the stash of the real schedule's microbatches in flight added:
 the first stage holds the most (``p`` under 1F1B, ``m`` under GPipe, more chunks of fewer
