@@ -37,7 +37,6 @@ True
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 from ..cost.efficiency import Efficiency
@@ -79,8 +78,7 @@ def layer_matmul_params(model: TransformerConfig) -> int:
     >>> layer_matmul_params(get("llama3-405b"))  # 4 attention + 3 MLP matrices
     3187671040
     """
-    shapes = model.scaled(layers=1).param_shapes()
-    return sum(math.prod(s) for k, s in shapes.items() if k.startswith("layers.") and len(s) == 2)
+    return sum(k * n for k, n, _ in layer_matmuls(model, 1))
 
 
 def busiest_stage_layers(model: TransformerConfig, c: Candidate) -> int:

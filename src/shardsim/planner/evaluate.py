@@ -128,13 +128,16 @@ class PlanEstimate:
         }
 
 
-def evaluate(cache: LayerCache, c: Candidate, *, headroom: float = 0.0) -> PlanEstimate:
-    """The candidate's :class:`PlanEstimate` (module doc)."""
+def evaluate(
+    cache: LayerCache, c: Candidate, *, headroom: float = 0.0, clock: tuple[float, dict[str, float]] | None = None
+) -> PlanEstimate:
+    """The candidate's :class:`PlanEstimate` (module doc); ``clock`` its :func:`step_clock`
+    when the caller has run it already."""
     model, plan = cache.model, c.plan
     lay = cache.layer(plan, c.micro, c.order)
     n = busiest_stage_layers(model, c)
     m = plan.microbatches
-    step, parts = _clock(cache, lay, c)
+    step, parts = clock if clock is not None else step_clock(cache, c)
     exposed = _exposed(lay, parts["compute"], n, m, plan)
     mem = _memory(cache, lay, c, n)
     pl, _ = cache.placement(plan, c.order)
@@ -208,14 +211,11 @@ def _exposed(lay: Layer, compute: float, n: int, m: int, plan: Plan) -> dict[str
     return {a: s * scale for a, s in out.items() if s > 0}
 
 
-def step_time(cache: LayerCache, c: Candidate) -> float:
-    """The candidate's step time alone (its clock, without its memory), as :func:`evaluate` gives it."""
-    return _clock(cache, cache.layer(c.plan, c.micro, c.order), c)[0]
-
-
-def _clock(cache: LayerCache, lay: Layer, c: Candidate) -> tuple[float, dict[str, float]]:
-    """The step's seconds and their parts: the busiest stage's compute, the pipeline's bubble,
-    and the gradient reduction's exposed tail (``sync``)."""
+def step_clock(cache: LayerCache, c: Candidate) -> tuple[float, dict[str, float]]:
+    """The candidate's step seconds alone (its clock, without its memory), as :func:`evaluate`
+    gives them, and their parts: the busiest stage's compute, the pipeline's bubble, and the
+    gradient reduction's exposed tail (``sync``)."""
+    lay = cache.layer(c.plan, c.micro, c.order)
     n, m = busiest_stage_layers(cache.model, c), c.plan.microbatches
     if c.plan.pp == 1:
         per, edge = lay.per_layer, lay.edge

@@ -43,7 +43,7 @@ from ..plans import Plan
 from ..training import policies
 from ..training.policies import BytePolicy
 from .bounds import memory_bound, stage_bound, stage_memory_bound, state_bytes, time_bound
-from .evaluate import PlanEstimate, evaluate, step_time
+from .evaluate import PlanEstimate, evaluate, step_clock
 from .progress import Progress
 from .reasons import either, nearest_batches, nearest_chips, tokens_text
 from .space import PARALLELISMS, Candidate, Constraints, candidates
@@ -329,14 +329,15 @@ def _walk(
                 if lb >= best * (1 + window):
                     rejected.append(Rejection(c, "bound", lb / best - 1, lb * c.tokens(seq)))
                     continue
-            step = step_time(cache, c)  # the clock before the memory: its bytes cost more to trace
+            clock = step_clock(cache, c)  # the clock before the memory: its bytes cost more to trace
+            step = clock[0]
             if step / c.tokens(seq) > best * (1 + window):
                 rejected.append(Rejection(c, "bound", step / c.tokens(seq) / best - 1, step))
                 continue
             if c.plan.pp > 1 and (need := stage_memory_bound(cfg, c, lay)) > usable:  # before the probe
                 rejected.append(Rejection(c, "memory", need - usable, None))
                 continue
-            est = evaluate(cache, c, headroom=headroom)
+            est = evaluate(cache, c, headroom=headroom, clock=clock)
         except ShardsimError as err:  # a combination the program refuses: say so, never hide it
             rejected.append(Rejection(c, "refused", 0.0, None, str(err)))
             continue
