@@ -12,7 +12,9 @@ policy keeps them) among them: as traced up to three layers, beyond on the line 
 and three (at one layer a peak may be the embedding's or the head's rather than a layer's,
 as a ZeRO-2 step's gradient buffers are). Plans that share a layer sharding
 (the same layer at a different pipeline depth, schedule or placement) share the trace;
-:class:`LayerCache` holds them. The steps themselves are the cost model's shape-only training
+:class:`LayerCache` holds them. A layer sharding asked at a third microbatch size is timed
+on the events read off the line through two traced sizes (:mod:`~shardsim.cost.event_line`:
+exact, or traced), its bytes on its own traces. The steps themselves are the cost model's shape-only training
 steps (:func:`~shardsim.training.traced.trained_step`), which
 :func:`~shardsim.training.model_memory` reads too: a step either has traced is not traced again.
 
@@ -36,7 +38,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..array import ShapeDtype, shard
@@ -50,6 +52,7 @@ from ..training.policies import BytePolicy
 from ..training.precision import Precision
 from ..training.traced import trained_step
 from .efficiency import Efficiency, resolve_efficiency
+from .event_line import on_line, point
 from .hardware import Hardware
 from .model_steps import is_sync, recorded_steps
 from .placement import AxisLink, Placement, place
@@ -83,12 +86,11 @@ class Layer:
     layers (the forward and backward matmuls, recomputation left out, as MFU counts them);
     ``timeline``: the two-layer program's time line (the picture of the layer's step);
     ``work``: the :func:`pass_work` of one layer and of the embedding with the head;
-    ``hardware_flops``: as ``flops``, recomputation included. ``memory`` gives, when first
-    read, the bytes: :attr:`peaks`, each category's per-chip peak (and ``"total"``) over the
-    training step at one, two and three layers, and :attr:`states`, the model state
-    (``params``, ``grads``, ``optimizer``) live between the backward pass and the update at
-    the same depths. Its runs (the three-layer step, and under ZeRO the step at four data
-    ranks) are traced only then: a candidate its clock rules out never needs them.
+    ``hardware_flops``: as ``flops``, recomputation included. ``memory(k)`` gives the bytes
+    of the training step at ``k`` (one, two or three) layers, traced when first read: each
+    category's per-chip peak (and ``"total"``) over the step, and the model state
+    (``params``, ``grads``, ``optimizer``) live between the backward pass and the update. A
+    candidate its clock rules out never needs them; a deep model's, only those at two and three.
     """
 
     per_layer: Times
@@ -96,54 +98,59 @@ class Layer:
     stored: int
     flops: tuple[int, int]
     timeline: Timeline
-    memory: Callable[[], tuple[tuple[dict[str, int], ...], tuple[dict[str, int], ...]]]
+    memory: Callable[[int], tuple[dict[str, int], dict[str, int]]]
     work: tuple[dict[str, float], dict[str, float]] = ({}, {})
     hardware_flops: tuple[int, int] = (0, 0)
 
     @functools.cached_property
-    def _bytes(self) -> tuple[tuple[dict[str, int], ...], tuple[dict[str, int], ...]]:
-        return self.memory()
+    def _depths(self) -> dict[int, tuple[dict[str, int], dict[str, int]]]:
+        return {}
 
-    @property
-    def peaks(self) -> tuple[dict[str, int], ...]:
-        """Each category's per-chip peak bytes at one, two and three layers."""
-        return self._bytes[0]
-
-    @property
-    def states(self) -> tuple[dict[str, int], ...]:
-        """The model state's bytes per chip at one, two and three layers."""
-        return self._bytes[1]
+    def _at(self, depth: int) -> tuple[dict[str, int], dict[str, int]]:
+        if depth not in self._depths:
+            self._depths[depth] = self.memory(depth)
+        return self._depths[depth]
 
     def bytes_at(self, category: str, layers: int) -> int:
         """The category's per-chip peak over the step with ``layers`` layers, extended from the traces."""
-        return _extend([p.get(category, 0) for p in self.peaks], layers)
+        return _extend(lambda k: self._at(k)[0].get(category, 0), layers)
 
     def state_at(self, category: str, layers: int) -> int:
         """The category's model state between the backward pass and the update with ``layers`` layers."""
-        return _extend([p.get(category, 0) for p in self.states], layers)
+        return _extend(lambda k: self._at(k)[1].get(category, 0), layers)
 
 
-def _extend(values: Sequence[int], layers: int) -> int:
-    """A figure at ``layers`` layers from its values at one, two and three: as traced up to
-    three, beyond on the line through two and three (from two layers on each layer adds the
-    same; at one layer a peak may be the embedding's or the head's instead of a layer's).
+def _extend(value: Callable[[int], int], layers: int) -> int:
+    """A figure at ``layers`` layers from its ``value`` at one, two and three layers: as traced
+    up to three, beyond on the line through two and three (from two layers on each layer adds
+    the same; at one layer a peak may be the embedding's or the head's instead of a layer's).
 
-    >>> _extend([10, 14, 17], 2), _extend([10, 14, 17], 5)
+    >>> traced = {1: 10, 2: 14, 3: 17}
+    >>> _extend(traced.get, 2), _extend(traced.get, 5)
     (14, 23)
     """
-    if layers <= len(values):
-        return int(values[layers - 1])
-    return int(values[-1] + (layers - len(values)) * (values[-1] - values[-2]))
+    if layers <= 3:
+        return int(value(layers))
+    return int(value(3) + (layers - 3) * (value(3) - value(2)))
 
 
 @dataclass(frozen=True)
 class _Run:
     events: list[Event]  # the forward and backward passes (the update's are not timed: as estimate)
-    peak: dict[str, int]
+    peak: dict[str, int]  # empty on a run read off the line through two microbatch sizes
     state: dict[str, int]
     stored: int
     flops: int
     hardware_flops: int
+    mesh: Mesh  # the traced step's
+
+
+def _flops(events: Sequence[Event], mesh: Mesh) -> tuple[int, int]:
+    """One microbatch's FLOPs per chip, averaged, recomputation left out and counted in:
+    an event held on some chips only (a context-parallel chip's share of causal attention)
+    runs on those chips."""
+    model = sum(e.flops * chips_running(mesh, e.where) for e in events if e.phase != "recompute") // mesh.size
+    return model, sum(e.flops * chips_running(mesh, e.where) for e in events) // mesh.size
 
 
 def pass_work(tl: Timeline) -> dict[str, float]:
@@ -210,18 +217,15 @@ def trace_plan(plan: Plan) -> Plan:
     return lp.replace(dp=min(lp.dp, 2), recompute=Roles.of(plan).recompute)
 
 
-def _at_dp(two: list[_Run], four: list[_Run], dp: int) -> list[_Run]:
+def _at_dp(two: _Run, four: _Run, dp: int) -> _Run:
     """Bytes at ``dp`` data ranks from the runs at 2 and 4: ``q(d) = a + b/d`` through both."""
 
     def at(q2: int, q4: int) -> int:
         return round(2 * q4 - q2 + 4 * (q2 - q4) / dp)
 
-    out = []
-    for r2, r4 in zip(two, four):
-        peak = {k: at(r2.peak.get(k, 0), r4.peak.get(k, 0)) for k in r2.peak}
-        state = {k: at(r2.state.get(k, 0), r4.state.get(k, 0)) for k in r2.state}
-        out.append(_Run(r2.events, peak, state, r2.stored, r2.flops, r2.hardware_flops))
-    return out
+    peak = {k: at(two.peak.get(k, 0), four.peak.get(k, 0)) for k in two.peak}
+    state = {k: at(two.state.get(k, 0), four.state.get(k, 0)) for k in two.state}
+    return replace(two, peak=peak, state=state)
 
 
 class LayerCache:
@@ -256,6 +260,8 @@ class LayerCache:
         self._params = frozenset(model.scaled(layers=2).param_shapes())  # the traced programs' weights
         self._layers: dict[tuple[Any, ...], Layer] = {}
         self._programs: dict[tuple[str, int, int], _Run] = {}
+        self._micros: dict[tuple[str, int], list[int]] = {}  # the microbatch sizes traced, by program and depth
+        self._lines: dict[tuple[str, int, int], _Run] = {}  # runs read off the line through two of them
         self._placements: dict[tuple[Any, ...], tuple[Placement, Efficiency]] = {}
         self._p2p: dict[tuple[Any, ...], float] = {}
         self.traced = 0
@@ -307,24 +313,40 @@ class LayerCache:
             tok = (lp.dp * lp.ep * micro, self.seq)
             step = trained_step(cfg, lp, lp.mesh(), tok, self.optimizer, self.precision)
             events = [e for e in step.events if e.phase != "optimizer"]
-            # per chip, averaged: an event held on some chips only (a context-parallel chip's
-            # share of causal attention) runs on those chips
-            mesh = step.mesh
-            flops = sum(e.flops * chips_running(mesh, e.where) for e in events if e.phase != "recompute") // mesh.size
-            every = sum(e.flops * chips_running(mesh, e.where) for e in events) // mesh.size
-            self._programs[key] = _Run(events, dict(step.memory), dict(step.model_state), step.stored, flops, every)
+            flops, every = _flops(events, step.mesh)
+            self._programs[key] = _Run(
+                events, dict(step.memory), dict(step.model_state), step.stored, flops, every, step.mesh
+            )
+            self._micros.setdefault((str(lp), layers), []).append(micro)
         return self._programs[key]
 
-    def _memory(self, lp: Plan, micro: int, dp: int) -> tuple[tuple[dict[str, int], ...], tuple[dict[str, int], ...]]:
-        """The peaks and states at one, two and three layers; under ZeRO at ``dp`` data ranks
-        from the steps at two and four (:func:`_at_dp`)."""
-        runs = [self._run(lp, micro, k) for k in (1, 2, 3)]
+    def _timed_run(self, lp: Plan, micro: int, layers: int) -> _Run:
+        """The run the clock reads: traced, or where two other microbatch sizes of the same
+        program are traced, its events on the line through theirs
+        (:mod:`~shardsim.cost.event_line`; exact, else traced). Its bytes are not on the line."""
+        key = (str(lp), micro, layers)
+        if key in self._programs or key in self._lines:
+            return self._programs.get(key) or self._lines[key]
+        anchors = self._micros.get((str(lp), layers), [])[:2]
+        if len(anchors) == 2:
+            (b1, r1), (b2, r2) = ((b, self._programs[(str(lp), b, layers)]) for b in anchors)
+            events = on_line((b1, r1.events), (b2, r2.events), micro)
+            stored = point(r1.stored, r2.stored, b1, b2, micro)
+            if events is not None and stored is not None:
+                self._lines[key] = _Run(events, {}, {}, stored, *_flops(events, r1.mesh), r1.mesh)
+                return self._lines[key]
+        return self._run(lp, micro, layers)
+
+    def _memory(self, lp: Plan, micro: int, dp: int, layers: int) -> tuple[dict[str, int], dict[str, int]]:
+        """The peaks and the model state of the step at ``layers`` layers; under ZeRO at ``dp``
+        data ranks from the steps at two and four (:func:`_at_dp`)."""
+        run = self._run(lp, micro, layers)
         if lp.zero >= 1 and dp > 2:  # the shards' bytes at the plan's own data-parallel degree
-            runs = _at_dp(runs, [self._run(lp.replace(dp=4), micro, k) for k in (1, 2, 3)], dp)
-        return tuple(r.peak for r in runs), tuple(r.state for r in runs)
+            run = _at_dp(run, self._run(lp.replace(dp=4), micro, layers), dp)
+        return run.peak, run.state
 
     def _cost(self, lp: Plan, micro: int, dp: int, pl: Placement, eff: Efficiency) -> Layer:
-        r1, r2 = self._run(lp, micro, 1), self._run(lp, micro, 2)
+        r1, r2 = self._timed_run(lp, micro, 1), self._timed_run(lp, micro, 2)
         (t1, _, w1), (t2, tl, w2) = (self._times(r.events, pl, eff) for r in (r1, r2))
         per, work = t2 - t1, _minus(pass_work(w2), pass_work(w1))
         flops, every = (r1.flops, r2.flops), (r1.hardware_flops, r2.hardware_flops)

@@ -1,0 +1,112 @@
+"""A layer program's events at another microbatch size, read off the line through two traced ones.
+
+A layer program at ``b`` sequences per microbatch is the same program at every ``b``: the
+same steps in the same order on the same values, only longer along the batch. Every size an
+event carries (bytes sent and received, FLOPs, HBM traffic, the array's bytes, each dimension
+of its operands' local shapes) is an affine function of ``b``: an activation's grows with it,
+a weight's collective does not. So two traced microbatch sizes fix every event at a third, and
+the planner, which asks one layer sharding at up to seven sizes, traces two.
+
+:func:`on_line` builds the third only where that reading is exact: the two programs have the
+same steps on the same values (:func:`same_program`) and every size lands on a whole number;
+else it returns ``None`` and the caller traces. A test holds the events it builds to the
+traced ones. The ledger's peaks are not read this way: a peak is the largest of many affine
+sums, and which one is largest may change with ``b``.
+
+>>> from dataclasses import replace
+>>> from shardsim.tracing import Event
+>>> one = Event(0, "all_gather", ("X",), "x", ("[B, D_X]",), "[B, D]", "forward", sent_bytes=8, local_shapes=((2, 4),))
+>>> two = replace(one, sent_bytes=16, local_shapes=((4, 4),))
+>>> four = on_line((1, [one]), (2, [two]), 4)
+>>> four[0].sent_bytes, four[0].local_shapes
+(32, ((8, 4),))
+>>> on_line((1, [one]), (3, [replace(two, sent_bytes=15)]), 2) is None  # 8 + 7 / 2 is no whole number
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from ..tracing import Event
+
+#: The event fields that carry sizes (affine in the microbatch); every other field names the step.
+SIZES = ("sent_bytes", "received_bytes", "flops", "hbm_bytes", "array_bytes")
+
+
+def same_program(a: Sequence[Event], b: Sequence[Event]) -> bool:
+    """Whether two traces run the same steps on the same values: every field but the sizes
+    equal, the operands of the same ranks, and each event reading the values the other's
+    reads (value ids, which differ between traces, compared by their first appearance).
+
+    >>> from shardsim.tracing import Event
+    >>> y = Event(0, "matmul", (), "y", ("[B, D]",), "[B, F]", "forward", inputs=(7, 8), output=9)
+    >>> z = Event(1, "matmul", (), "z", ("[B, F]",), "[B, D]", "forward", inputs=(9, 8), output=10)
+    >>> moved = [replace(e, inputs=tuple(i + 10 for i in e.inputs), output=e.output + 10) for e in (y, z)]
+    >>> same_program([y, z], moved), same_program([y, z], [y, replace(z, inputs=(7, 8))])  # z reads x, not y
+    (True, False)
+    """
+    if len(a) != len(b):
+        return False
+    ids_a: dict[int, int] = {}
+    ids_b: dict[int, int] = {}
+    for x, y in zip(a, b):
+        if (x.index, x.op, x.axes, x.label, x.before, x.after, x.phase, x.group_size, x.dtype) != (
+            y.index,
+            y.op,
+            y.axes,
+            y.label,
+            y.before,
+            y.after,
+            y.phase,
+            y.group_size,
+            y.dtype,
+        ) or (x.where, x.layer, x.item, x.kernel) != (y.where, y.layer, y.item, y.kernel):
+            return False
+        if [len(s) for s in x.local_shapes] != [len(s) for s in y.local_shapes]:
+            return False
+        for u, v in zip((*x.inputs, x.output), (*y.inputs, y.output)):
+            if ids_a.setdefault(u, len(ids_a)) != ids_b.setdefault(v, len(ids_b)):
+                return False
+        if len(x.inputs) != len(y.inputs):
+            return False
+    return True
+
+
+def point(x1: int, x2: int, b1: int, b2: int, b: int) -> int | None:
+    """The whole number at ``b`` on the line through ``(b1, x1)`` and ``(b2, x2)``, else None.
+
+    >>> point(10, 14, 1, 2, 4), point(10, 13, 1, 3, 2)
+    (22, None)
+    """
+    rise = (x2 - x1) * (b - b1)
+    return None if rise % (b2 - b1) else x1 + rise // (b2 - b1)
+
+
+def on_line(first: tuple[int, Sequence[Event]], second: tuple[int, Sequence[Event]], b: int) -> list[Event] | None:
+    """The events at microbatch ``b`` from the traces ``(b1, events)`` and ``(b2, events)``
+    of one program (module doc), or None where the line does not give them exactly."""
+    (b1, one), (b2, two) = first, second
+    if b1 == b2 or not same_program(one, two):
+        return None
+    out = []
+    for x, y in zip(one, two):
+        pairs = [(getattr(x, f), getattr(y, f)) for f in SIZES]
+        pairs += [d for s1, s2 in zip(x.local_shapes, y.local_shapes) for d in zip(s1, s2)]
+        values = [v for v in (point(v1, v2, b1, b2, b) for v1, v2 in pairs) if v is not None and v >= 0]
+        if len(values) < len(pairs):  # off the whole numbers, or below zero: not this line
+            return None
+        sent, received, flops, hbm, array = values[: len(SIZES)]
+        dims = iter(values[len(SIZES) :])
+        shapes = tuple(tuple(next(dims) for _ in s) for s in x.local_shapes)
+        out.append(
+            replace(
+                x, sent_bytes=sent, received_bytes=received, flops=flops, hbm_bytes=hbm, array_bytes=array,
+                local_shapes=shapes,
+            )
+        )  # fmt: skip
+    return out
+
+
+__all__ = ["SIZES", "on_line", "point", "same_program"]
