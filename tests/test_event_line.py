@@ -1,7 +1,7 @@
 """A layer program's events at a third microbatch size, read off two traced ones, equal the traced events.
 
 The planner reads a layer sharding at many microbatch sizes and traces two
-(:mod:`shardsim.cost.event_line`); each test here traces the program at the third size too and
+(:mod:`shardsim.training.event_line`); each test here traces the program at the third size too and
 holds every event read off the line to it, field by field (value ids by their first appearance),
 over the layer shardings the planner walks: data, ZeRO 1 to 3, tensor with and without sequence
 parallelism, KV heads replicated, context parallelism (ring and all-gather), recomputation,
@@ -14,12 +14,12 @@ from dataclasses import fields
 
 import pytest
 
-from shardsim.cost.event_line import SIZES, on_line, same_program
 from shardsim.cost.layer_program import LayerCache
 from shardsim.models import get
 from shardsim.plans import Plan
+from shardsim.training.event_line import SIZES, on_line, same_program
 from shardsim.training.precision import Precision
-from shardsim.training.traced import trained_step
+from shardsim.training.traced import _trace_step, clear_steps
 
 CASES = [
     ("llama-tiny", "dp=2"),
@@ -37,9 +37,10 @@ CASES = [
 
 
 def _events(model: str, plan: Plan, micro: int, layers: int, **scaled: float) -> list:
+    """The step's events, traced (never read off a line: the cache is not asked)."""
     cfg = get(model).scaled(layers=layers, name="", **scaled)
     tokens = (plan.dp * plan.ep * micro, cfg.seq)
-    step = trained_step(cfg, plan, plan.mesh(), tokens, "adam", Precision.of("bf16"))
+    step = _trace_step(cfg, plan, plan.mesh(), tokens, "adam", Precision.of("bf16"), True)
     return [e for e in step.events if e.phase != "optimizer"]
 
 
@@ -95,24 +96,27 @@ def test_a_size_off_the_whole_numbers_is_traced() -> None:
 
 
 @pytest.mark.parametrize("text", ["dp=4,zero=3,tp=2,sp", "dp=8,tp=2,pp=2,microbatches=4", "dp=2,cp=2,tp=2"])
-def test_a_layer_timed_off_the_line_is_the_traced_layer(text: str) -> None:
-    """The cache times a third microbatch size off the line through two it traced: the same
-    times, FLOPs and stash as a cache that traces it."""
+def test_a_layer_at_a_third_microbatch_is_the_traced_layer(text: str) -> None:
+    """The cache reads a third microbatch size off the line through two it traced: the same
+    times, FLOPs, stash and bytes as a cache that traces it."""
     cfg = get("llama-tiny").scaled(layers=4)
     plan = Plan.parse(text)
-    warm, cold = LayerCache(cfg, "h100", seq=16), LayerCache(cfg, "h100", seq=16)
+    clear_steps()
+    warm = LayerCache(cfg, "h100", seq=16)
     for b in (1, 2):
-        warm.layer(plan, b)
+        warm.layer(plan, b).bytes_at("total", 4)
     traced = warm.traced
     lay = warm.layer(plan, 4)
     assert warm.traced == traced  # read off the line: nothing traced
-    ref = cold.layer(plan, 4)
-    assert (lay.per_layer, lay.edge, lay.stored, lay.flops, lay.hardware_flops) == (
+    clear_steps()
+    ref = LayerCache(cfg, "h100", seq=16).layer(plan, 4)
+    assert (lay.per_layer, lay.edge, lay.stored, lay.flops, lay.hardware_flops, lay.work) == (
         ref.per_layer,
         ref.edge,
         ref.stored,
         ref.flops,
         ref.hardware_flops,
+        ref.work,
     )
-    assert lay.work == ref.work
-    assert lay.bytes_at("total", 4) == ref.bytes_at("total", 4)  # bytes from its own traces
+    for k in ("total", "activations", "params", "grads", "optimizer"):
+        assert lay.bytes_at(k, 4) == ref.bytes_at(k, 4) and lay.state_at(k, 4) == ref.state_at(k, 4)

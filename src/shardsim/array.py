@@ -42,6 +42,15 @@ from .mesh import Mesh
 _uids = itertools.count(1)
 
 
+def new_uid() -> int:
+    """A value id no value has yet (for a traced result that is no :class:`ShardedArray` of its own).
+
+    >>> new_uid() < new_uid()
+    True
+    """
+    return next(_uids)
+
+
 @dataclass(frozen=True)
 class ShapeDtype:
     """A global shape and dtype with no data, like ``jax.ShapeDtypeStruct``.

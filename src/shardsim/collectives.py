@@ -446,7 +446,7 @@ def _check_group_holds(x: ShardedArray, axes: tuple[str, ...], op: str) -> None:
     )
 
 
-def _sizes(x: ShardedArray, n: int) -> dict[str, int]:
+def _sizes(x: ShardedArray, n: int) -> dict[str, Any]:  # event fields, for tracing.record
     """The collective's group size and V, the bytes of the array it moves (the book's formulas)."""
     return {"group_size": n, "array_bytes": x.local_nbytes}
 

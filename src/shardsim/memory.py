@@ -28,6 +28,7 @@ import numpy as np
 
 from ._format import fmt_bytes
 from .errors import OutOfMemoryError, ShardingError
+from .journal import Journal
 
 
 class Chips(Protocol):
@@ -258,6 +259,9 @@ class MemoryLedger:
         # nothing off): while it stays far from the int64 limit, no allocation reads the
         # chips' totals to check it. Only a bound past the limit is recomputed exactly.
         self._bound = 0
+        # every change of the live bytes, when set (:mod:`shardsim.journal`: the same program's
+        # peaks at another size, from two journals)
+        self.journal: Journal | None = None
 
     @property
     def capacity(self) -> int | None:
@@ -322,6 +326,8 @@ class MemoryLedger:
     def _add(self, category: str, mask: bytes | None, nbytes: int, grows: bool = True) -> None:
         """Add ``nbytes`` to ``category`` on the chips of ``mask`` (a release, ``grows`` False,
         cannot raise a peak)."""
+        if self.journal is not None:
+            self.journal.changes.append((category, mask, nbytes))
         counts = self._bytes.get(category)
         if counts is None:
             counts = self._bytes[category] = self._chips.counts()
@@ -374,6 +380,8 @@ class MemoryLedger:
         """Start measuring peaks from the bytes live now."""
         for counts in (self._total, *self._bytes.values()):
             counts.reset_peak()
+        if self.journal is not None:
+            self.journal.reset = len(self.journal.changes)
 
     def largest(self, chip: tuple[int, ...], n: int = 5) -> list[tuple[str, str, str, int]]:
         """The ``n`` largest live values on ``chip``: (label, layout, category, bytes)."""

@@ -312,9 +312,17 @@ def record(
     axes: tuple[str, ...],
     inputs: Sequence[ShardedArray],
     output: ShardedArray,
+    *,
+    held: np.ndarray | None = None,
+    output_id: int | None = None,
     **numbers: Any,
 ) -> None:
-    """Append an event to every active trace (a no-op when none is active)."""
+    """Append an event to every active trace (a no-op when none is active).
+
+    ``held`` (bool, the mesh's shape) names the chips that run the step when only some of
+    those holding its operands do (one context-parallel chip's share of causal attention);
+    ``output_id`` the value id its result gets then (each chip's share is a value of its own).
+    """
     traces = _active.get()
     if not traces:
         return
@@ -334,8 +342,8 @@ def record(
         "dtype": _dtype_name(output.dtype),
         # one input's sources are already distinct
         "inputs": inputs[0].sources if len(inputs) == 1 else tuple(dict.fromkeys(s for x in inputs for s in x.sources)),
-        "output": output.uid,
-        "where": _where(inputs),
+        "output": output.uid if output_id is None else output_id,
+        "where": _where(inputs) if held is None else _where_mask(inputs[0].mesh, held),
         "layer": _layer.get(),
         "item": _item.get(),
         **numbers,
@@ -357,9 +365,13 @@ def _dtype_name(dtype: np.dtype) -> str:
 def _where(inputs: Sequence[ShardedArray]) -> str:
     """``"Z1"``: the mesh coordinates all chips holding every input share ("" if every chip holds them)."""
     held = held_where(*inputs)
-    if held is None:
+    return "" if held is None else _where_mask(inputs[0].mesh, held)
+
+
+def _where_mask(mesh: Any, held: np.ndarray) -> str:
+    """``"Z1"`` of the chips ``held`` marks ("" if it marks every chip)."""
+    if held.all():
         return ""
-    mesh = inputs[0].mesh
     return _where_text(mesh.axis_names, mesh.shape, held.astype(bool, copy=False).tobytes())
 
 

@@ -12,11 +12,10 @@ policy keeps them) among them: as traced up to three layers, beyond on the line 
 and three (at one layer a peak may be the embedding's or the head's rather than a layer's,
 as a ZeRO-2 step's gradient buffers are). Plans that share a layer sharding
 (the same layer at a different pipeline depth, schedule or placement) share the trace;
-:class:`LayerCache` holds them. A layer sharding asked at a third microbatch size is timed
-on the events read off the line through two traced sizes (:mod:`~shardsim.cost.event_line`:
-exact, or traced), its bytes on its own traces. The steps themselves are the cost model's shape-only training
+:class:`LayerCache` holds them. The steps themselves are the cost model's shape-only training
 steps (:func:`~shardsim.training.traced.trained_step`), which
-:func:`~shardsim.training.model_memory` reads too: a step either has traced is not traced again.
+:func:`~shardsim.training.model_memory` reads too: a step either has traced is not traced
+again, and a layer sharding at a third microbatch size is read off the line through two.
 
 The gradient reductions over the data and context axes are kept apart (``sync``): they run
 once per step (after the last microbatch; with a pipeline, after the flush), the rest once
@@ -52,7 +51,6 @@ from ..training.policies import BytePolicy
 from ..training.precision import Precision
 from ..training.traced import trained_step
 from .efficiency import Efficiency, resolve_efficiency
-from .event_line import on_line, point
 from .hardware import Hardware
 from .model_steps import is_sync, recorded_steps
 from .placement import AxisLink, Placement, place
@@ -137,12 +135,11 @@ def _extend(value: Callable[[int], int], layers: int) -> int:
 @dataclass(frozen=True)
 class _Run:
     events: list[Event]  # the forward and backward passes (the update's are not timed: as estimate)
-    peak: dict[str, int]  # empty on a run read off the line through two microbatch sizes
+    peak: dict[str, int]
     state: dict[str, int]
     stored: int
     flops: int
     hardware_flops: int
-    mesh: Mesh  # the traced step's
 
 
 def _flops(events: Sequence[Event], mesh: Mesh) -> tuple[int, int]:
@@ -260,8 +257,6 @@ class LayerCache:
         self._params = frozenset(model.scaled(layers=2).param_shapes())  # the traced programs' weights
         self._layers: dict[tuple[Any, ...], Layer] = {}
         self._programs: dict[tuple[str, int, int], _Run] = {}
-        self._micros: dict[tuple[str, int], list[int]] = {}  # the microbatch sizes traced, by program and depth
-        self._lines: dict[tuple[str, int, int], _Run] = {}  # runs read off the line through two of them
         self._placements: dict[tuple[Any, ...], tuple[Placement, Efficiency]] = {}
         self._p2p: dict[tuple[Any, ...], float] = {}
         self.traced = 0
@@ -308,34 +303,14 @@ class LayerCache:
         cost model's shared steps (:func:`~shardsim.training.traced.trained_step`)."""
         key = (str(lp), micro, layers)
         if key not in self._programs:
-            self.traced += layers == 1  # a layer sharding counts once, at its first step
             cfg = self.model.scaled(layers=layers, seq=max(self.seq, self.model.seq), name="")
             tok = (lp.dp * lp.ep * micro, self.seq)
             step = trained_step(cfg, lp, lp.mesh(), tok, self.optimizer, self.precision)
+            self.traced += layers == 1 and not step.from_line  # a layer sharding counts once, at its first step
             events = [e for e in step.events if e.phase != "optimizer"]
             flops, every = _flops(events, step.mesh)
-            self._programs[key] = _Run(
-                events, dict(step.memory), dict(step.model_state), step.stored, flops, every, step.mesh
-            )
-            self._micros.setdefault((str(lp), layers), []).append(micro)
+            self._programs[key] = _Run(events, dict(step.memory), dict(step.model_state), step.stored, flops, every)
         return self._programs[key]
-
-    def _timed_run(self, lp: Plan, micro: int, layers: int) -> _Run:
-        """The run the clock reads: traced, or where two other microbatch sizes of the same
-        program are traced, its events on the line through theirs
-        (:mod:`~shardsim.cost.event_line`; exact, else traced). Its bytes are not on the line."""
-        key = (str(lp), micro, layers)
-        if key in self._programs or key in self._lines:
-            return self._programs.get(key) or self._lines[key]
-        anchors = self._micros.get((str(lp), layers), [])[:2]
-        if len(anchors) == 2:
-            (b1, r1), (b2, r2) = ((b, self._programs[(str(lp), b, layers)]) for b in anchors)
-            events = on_line((b1, r1.events), (b2, r2.events), micro)
-            stored = point(r1.stored, r2.stored, b1, b2, micro)
-            if events is not None and stored is not None:
-                self._lines[key] = _Run(events, {}, {}, stored, *_flops(events, r1.mesh), r1.mesh)
-                return self._lines[key]
-        return self._run(lp, micro, layers)
 
     def _memory(self, lp: Plan, micro: int, dp: int, layers: int) -> tuple[dict[str, int], dict[str, int]]:
         """The peaks and the model state of the step at ``layers`` layers; under ZeRO at ``dp``
@@ -346,7 +321,7 @@ class LayerCache:
         return run.peak, run.state
 
     def _cost(self, lp: Plan, micro: int, dp: int, pl: Placement, eff: Efficiency) -> Layer:
-        r1, r2 = self._timed_run(lp, micro, 1), self._timed_run(lp, micro, 2)
+        r1, r2 = self._run(lp, micro, 1), self._run(lp, micro, 2)
         (t1, _, w1), (t2, tl, w2) = (self._times(r.events, pl, eff) for r in (r1, r2))
         per, work = t2 - t1, _minus(pass_work(w2), pass_work(w1))
         flops, every = (r1.flops, r2.flops), (r1.hardware_flops, r2.hardware_flops)

@@ -50,6 +50,7 @@ from ..models import TransformerConfig
 from ..plans import Plan
 from ..strategies.pipeline.schedule import make
 from ..transformer import checks
+from ..transformer.roles import Roles
 from .precision import Precision
 from .traced import trained_step
 
@@ -181,13 +182,17 @@ def _probe_plan(plan: Plan) -> Plan:
     'dp=8,tp=2,pp=2,microbatches=3'
     >>> [str(_probe_plan(Plan.parse(p))) for p in ("pp=4,microbatches=4", "pp=4,schedule=gpipe,microbatches=8")]
     ['pp=2,microbatches=2', 'pp=2,schedule=gpipe,microbatches=2']
+    >>> str(_probe_plan(Plan.parse("pp=4,microbatches=8,recompute=selective")))  # under flash: none to drop
+    'pp=2,microbatches=3'
     """
     gpipe = plan.schedule == "gpipe"
     first = [it.kind for it in sorted(make(plan.schedule, plan.pp, plan.microbatches, plan.virtual_stages).items)
              if it.stage == 0]  # fmt: skip
     steady = "F" in first[first.index("B") :]
     m = min(plan.microbatches, 3 if steady and not gpipe else 2)
-    return plan.replace(pp=2, microbatches=m, virtual_stages=1, schedule="gpipe" if gpipe else "1f1b")
+    # the recomputation the program runs: selective has nothing to drop under FlashAttention
+    probe = plan.replace(pp=2, microbatches=m, virtual_stages=1, schedule="gpipe" if gpipe else "1f1b")
+    return probe.replace(recompute=Roles.of(plan).recompute)
 
 
 @functools.lru_cache(maxsize=4096)  # plans of another pipeline depth or microbatch count share probes

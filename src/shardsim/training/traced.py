@@ -4,7 +4,11 @@
 tokens and keeps what it measured, keyed by everything the step depends on: the memory of a
 model's step (:func:`~shardsim.training.model_memory`), the cost model
 (:mod:`shardsim.cost.builder`) and the planner's traced layers all read this one cache, so a
-step traced once is never traced again.
+step traced once is never traced again. A step of the same program at a third batch (another
+microbatch size of the same layer sharding, the planner asks up to seven) is not traced at
+all once two are: every size in it is affine in the batch, so its events, peaks, model state
+and stored activations are read off the line through the two (exact, else traced;
+:func:`_on_line`).
 
 >>> clear_steps(); steps_held()
 0
@@ -13,16 +17,18 @@ step traced once is never traced again.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ..journal import FrozenJournal, Journal, peaks_on_line, sizes_on_line
 from ..memory import per_chip
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..plans import Plan
 from ..tracing import Event
+from .event_line import on_line
 from .precision import Precision
 
 
@@ -32,7 +38,8 @@ class TrainedStep:
     they were not asked for), each category's per-chip peak bytes, the model state between
     the backward pass and the update, the most bytes a chip keeps for the backward pass, and
     the mesh it ran on; ``by_stage`` the first two figures of each pipeline stage's busiest
-    chips (one entry without a pipeline)."""
+    chips (one entry without a pipeline); ``from_line`` whether it was read off the line
+    through two steps of the same program at other batches rather than traced."""
 
     events: tuple[Event, ...]
     memory: dict[str, int]
@@ -41,11 +48,25 @@ class TrainedStep:
     mesh: Mesh
     has_events: bool
     by_stage: tuple[tuple[dict[str, int], dict[str, int]], ...] = ()
+    line: _Anchor | None = field(default=None, repr=False, compare=False)  # a traced step's, see _on_line
+    from_line: bool = False  # read off the line through two traced steps (_on_line), not traced
+
+
+@dataclass(frozen=True, eq=False)
+class _Anchor:
+    """What a traced step gives the line through it: its ledger's journal, and each chip's
+    model state and stored activations (the figures :class:`TrainedStep` keeps of the busiest
+    chip only)."""
+
+    journal: FrozenJournal
+    state: dict[str, np.ndarray]
+    stored: np.ndarray
 
 
 #: How many training steps :func:`trained_step` keeps (the least recently read goes first).
 STEPS_KEPT = 256
 _steps: OrderedDict[tuple[Any, ...], TrainedStep] = OrderedDict()
+_anchors: dict[tuple[Any, ...], list[int]] = {}  # the batches traced of each program (see _on_line)
 
 
 def trained_step(
@@ -78,11 +99,56 @@ def trained_step(
     if hit is not None and (hit.has_events or not events):
         _steps.move_to_end(key)
         return hit
-    step = _trace_step(cfg, plan, mesh, tokens, optimizer, precision, events)
+    line = (cfg, plan, key[2], key[3], tokens[1], optimizer, precision)  # the step at any batch
+    step = _on_line(line, tokens[0], events)
+    if step is None:
+        step = _trace_step(cfg, plan, mesh, tokens, optimizer, precision, events)
+        if step.line is not None:
+            _anchors.setdefault(line, []).append(tokens[0])
     _steps[key] = step
     while len(_steps) > STEPS_KEPT:
         _steps.popitem(last=False)
     return step
+
+
+def _on_line(line: tuple[Any, ...], sequences: int, events: bool) -> TrainedStep | None:
+    """The step at ``sequences`` from two traced at other batches of the same program, or None.
+
+    A shape-only step is the same program at every batch, only its sizes change, each
+    affinely: its events are read off the line through two traced steps'
+    (:func:`~shardsim.training.event_line.on_line`), its peaks replayed from their ledgers'
+    journals (:func:`~shardsim.journal.peaks_on_line`), its model state and stored
+    activations carried on the line chip by chip. Where any of these is not exact (the
+    programs differ, a size falls between whole numbers) it is None and the step is traced.
+    """
+    cfg, plan, names, shape, seq, optimizer, precision = line
+    traced = []
+    for b in _anchors.get(line, []):
+        s = _steps.get((cfg, plan, names, shape, (b, seq), optimizer, precision))
+        if s is not None and s.line is not None and (s.has_events or not events):
+            traced.append((b, s))
+    if len(traced) < 2:
+        return None
+    (b1, one), (b2, two) = traced[:2]
+    assert one.line is not None and two.line is not None
+    recorded: tuple[Event, ...] = ()
+    if events:
+        got = on_line((b1, one.events), (b2, two.events), sequences)
+        if got is None:
+            return None
+        recorded = tuple(got)
+    peaks = peaks_on_line((b1, one.line.journal), (b2, two.line.journal), sequences, shape)
+    if peaks is None or set(one.line.state) != set(two.line.state):
+        return None
+    state = {c: sizes_on_line((b1, one.line.state[c]), (b2, two.line.state[c]), sequences) for c in one.line.state}
+    stored = sizes_on_line((b1, one.line.stored), (b2, two.line.stored), sequences)
+    if stored is None or any(v is None for v in state.values()):
+        return None
+    held = {c: v for c, v in state.items() if v is not None}
+    stages = _by_stage(peaks, held, list(names), plan.pipe_axis if plan.pp > 1 else None)
+    return TrainedStep(
+        recorded, per_chip(peaks), per_chip(held), int(stored.max()), one.mesh, events, stages, from_line=True
+    )
 
 
 def steps_held() -> int:
@@ -100,6 +166,7 @@ def clear_steps() -> None:
     >>> clear_steps()
     """
     _steps.clear()
+    _anchors.clear()
 
 
 def _trace_step(
@@ -115,15 +182,19 @@ def _trace_step(
     from .trainer import Trainer  # the trainer reads the package this module is in
 
     fresh = Mesh(dict(zip(mesh.axis_names, mesh.shape)))
+    fresh.memory.journal = Journal()  # for the line through this step (_on_line)
     params = {k: ShapeDtype(s, precision.compute) for k, s in cfg.param_shapes().items()}
     tok = ShapeDtype(tuple(tokens), "int32")
     trainer = Trainer(cfg, plan, fresh, params, optimizer, precision=precision)
     res = trainer.step(tok, tok)
+    journal = fresh.memory.journal.freeze()
     recorded = tuple(res.trace.events) if events else ()
     stored = int(res.stored_activations.max())
     shape = Mesh(dict(zip(trainer.mesh.axis_names, trainer.mesh.shape)))
     stages = _by_stage(res.memory, res.model_state, list(shape.axis_names), plan.pipe_axis if plan.pp > 1 else None)
-    return TrainedStep(recorded, per_chip(res.memory), per_chip(res.model_state), stored, shape, events, stages)
+    same = trainer.mesh.memory is fresh.memory and (shape.axis_names, shape.shape) == (mesh.axis_names, mesh.shape)
+    anchor = _Anchor(journal, dict(res.model_state), res.stored_activations) if same else None
+    return TrainedStep(recorded, per_chip(res.memory), per_chip(res.model_state), stored, shape, events, stages, anchor)
 
 
 def _by_stage(

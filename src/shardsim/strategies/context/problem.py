@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ... import tracing
-from ...array import ShardedArray, check_same_kind, check_same_mesh, compact_shape, local_shape_of
+from ...array import ShardedArray, check_same_kind, check_same_mesh, compact_shape, local_shape_of, new_uid
 from ...errors import DivisibilityError, PartialSumError, ShapeError, ShardingError
 from ...holders import held_where
 from ...layout import Dim, Layout
@@ -152,7 +152,7 @@ class Geometry:
         total = self.tiles * self.tiles
         io = sum(x.local_nbytes for x in inputs) + out.local_nbytes
         # one block of fused attention: the scores stay on chip, the kernel's own rate times it
-        numbers = {"local_shapes": tuple(x.local_shape for x in inputs), "kernel": "attention"}
+        numbers: dict[str, Any] = {"local_shapes": tuple(x.local_shape for x in inputs), "kernel": "attention"}
         if (work == work[0]).all():
             if work[0]:
                 tracing.record(
@@ -165,13 +165,14 @@ class Geometry:
                     **numbers,
                 )
             return
-        for c in np.flatnonzero(work):
-            mask = self._chip(int(c))
+        for c in np.flatnonzero(work):  # each chip's share: a value of its own, run where it is held
             tracing.record(
                 "matmul",
                 (),
-                [_held(x, mask) for x in inputs],
-                _held(out, mask),
+                inputs,
+                out,
+                held=self._chip(int(c)),
+                output_id=new_uid(),
                 flops=int(work[c]) * self.tile_flops,
                 hbm_bytes=io * int(work[c]) // total,
                 **numbers,
@@ -193,13 +194,6 @@ class Geometry:
         shape[self.mesh.axis_index(self.context_axis)] = self.cp
         mask = np.broadcast_to(along.reshape(shape), self.mesh.shape)
         return mask & (True if self.holders is None else self.holders)
-
-
-def _held(x: ShardedArray, mask: np.ndarray) -> ShardedArray:
-    """``x`` seen from the chips in ``mask`` only: a view (no bytes) that names them in the trace."""
-    return ShardedArray(
-        x.mesh, x.layout, x.global_shape, x.dtype, None, label=x.label, category=x.category, holders=mask, view_of=x
-    )
 
 
 def geometry(

@@ -4,14 +4,14 @@ A layer program at ``b`` sequences per microbatch is the same program at every `
 same steps in the same order on the same values, only longer along the batch. Every size an
 event carries (bytes sent and received, FLOPs, HBM traffic, the array's bytes, each dimension
 of its operands' local shapes) is an affine function of ``b``: an activation's grows with it,
-a weight's collective does not. So two traced microbatch sizes fix every event at a third, and
-the planner, which asks one layer sharding at up to seven sizes, traces two.
+a weight's collective does not. So two traced microbatch sizes fix every event at a third
+(:func:`~shardsim.training.traced.trained_step` reads steps so, their peaks replayed from the
+ledger's journal, :mod:`shardsim.journal`).
 
 :func:`on_line` builds the third only where that reading is exact: the two programs have the
 same steps on the same values (:func:`same_program`) and every size lands on a whole number;
 else it returns ``None`` and the caller traces. A test holds the events it builds to the
-traced ones. The ledger's peaks are not read this way: a peak is the largest of many affine
-sums, and which one is largest may change with ``b``.
+traced ones.
 
 >>> from dataclasses import replace
 >>> from shardsim.tracing import Event
@@ -27,7 +27,6 @@ True
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from ..tracing import Event
 
@@ -40,6 +39,7 @@ def same_program(a: Sequence[Event], b: Sequence[Event]) -> bool:
     equal, the operands of the same ranks, and each event reading the values the other's
     reads (value ids, which differ between traces, compared by their first appearance).
 
+    >>> from dataclasses import replace
     >>> from shardsim.tracing import Event
     >>> y = Event(0, "matmul", (), "y", ("[B, D]",), "[B, F]", "forward", inputs=(7, 8), output=9)
     >>> z = Event(1, "matmul", (), "z", ("[B, F]",), "[B, D]", "forward", inputs=(9, 8), output=10)
@@ -94,18 +94,23 @@ def on_line(first: tuple[int, Sequence[Event]], second: tuple[int, Sequence[Even
     for x, y in zip(one, two):
         pairs = [(getattr(x, f), getattr(y, f)) for f in SIZES]
         pairs += [d for s1, s2 in zip(x.local_shapes, y.local_shapes) for d in zip(s1, s2)]
+        if all(v1 == v2 for v1, v2 in pairs):  # a size the batch does not change (a weight's)
+            out.append(x)
+            continue
         values = [v for v in (point(v1, v2, b1, b2, b) for v1, v2 in pairs) if v is not None and v >= 0]
         if len(values) < len(pairs):  # off the whole numbers, or below zero: not this line
             return None
-        sent, received, flops, hbm, array = values[: len(SIZES)]
         dims = iter(values[len(SIZES) :])
         shapes = tuple(tuple(next(dims) for _ in s) for s in x.local_shapes)
-        out.append(
-            replace(
-                x, sent_bytes=sent, received_bytes=received, flops=flops, hbm_bytes=hbm, array_bytes=array,
-                local_shapes=shapes,
-            )
-        )  # fmt: skip
+        out.append(_with(x, dict(zip(SIZES, values[: len(SIZES)]), local_shapes=shapes)))
+    return out
+
+
+def _with(e: Event, sizes: dict[str, object]) -> Event:
+    """``dataclasses.replace(e, **sizes)`` without its checks: a step has thousands of events
+    and every field here is one :class:`Event` already had."""
+    out = object.__new__(Event)
+    out.__dict__.update(e.__dict__, **sizes)
     return out
 
 
