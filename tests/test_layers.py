@@ -64,6 +64,7 @@ LAYERS: list[tuple[str, ...]] = [
         "trace_events",
     ),
     ("layout",),
+    ("journal",),  # the ledger's changes in order, and peaks replayed from two: NumPy only
     ("memory",),  # the ledger counts bytes per chip: it knows nothing of meshes' users or arrays
     ("mesh",),
     ("specs", "holders"),

@@ -109,20 +109,31 @@ def peaks_on_line(
     if nbytes is None:
         return None
     chips = int(np.prod(shape))
-    held = np.array([np.ones(chips, bool) if m is None else np.frombuffer(m, np.bool_) for m in one.masks])
-    if len(one.masks) == 0:
-        held = np.ones((0, chips), bool)
-    delta = nbytes[:, None] * held[one.mask]  # each change's bytes on each chip
+    masks = one.masks or (None,)  # (a journal of no changes: one class, nothing live)
+    member = np.array([np.ones(chips, bool) if m is None else np.frombuffer(m, np.bool_) for m in masks])
+    # chips in classes that every mask holds whole or misses whole: counted per class, not per chip
+    classes, of = np.unique(member.reshape(len(masks), chips).T, axis=0, return_inverse=True)
+    held = classes.T  # mask x class
 
     def peak(rows: np.ndarray) -> np.ndarray:
-        live = np.cumsum(delta[rows], axis=0)
-        after = rows >= one.reset
-        at_reset = live[~after][-1] if (~after).any() else np.zeros(chips, np.int64)
-        return np.maximum(at_reset, live[after].max(axis=0)) if after.any() else at_reset
+        split = int(np.searchsorted(rows, one.reset))
+        live = np.zeros(len(classes), np.int64)
+        for part in _chunks(rows[:split]):  # before the reset: only what is live at it counts
+            live += (nbytes[part, None] * held[one.mask[part]]).sum(axis=0)
+        top = live.copy()
+        for part in _chunks(rows[split:]):
+            running = np.cumsum(nbytes[part, None] * held[one.mask[part]], axis=0) + live
+            top, live = np.maximum(top, running.max(axis=0)), running[-1]
+        return top[of.ravel()].reshape(shape)
 
-    out = {c: peak(np.flatnonzero(one.category == k)).reshape(shape) for k, c in enumerate(one.categories)}
-    out["total"] = peak(np.arange(len(nbytes))).reshape(shape)
+    out = {c: peak(np.flatnonzero(one.category == k)) for k, c in enumerate(one.categories)}
+    out["total"] = peak(np.arange(len(nbytes)))
     return out
+
+
+def _chunks(rows: np.ndarray, size: int = 1 << 15) -> list[np.ndarray]:
+    """``rows`` in runs of at most ``size``: a run's changes x classes stay a few MB."""
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 __all__ = ["FrozenJournal", "Journal", "peaks_on_line", "sizes_on_line"]

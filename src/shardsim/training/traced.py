@@ -103,8 +103,9 @@ def trained_step(
     step = _on_line(line, tokens[0], events)
     if step is None:
         step = _trace_step(cfg, plan, mesh, tokens, optimizer, precision, events)
-        if step.line is not None:
-            _anchors.setdefault(line, []).append(tokens[0])
+        traced = _anchors.setdefault(line, [])
+        if step.line is not None and tokens[0] not in traced:
+            traced.append(tokens[0])
     _steps[key] = step
     while len(_steps) > STEPS_KEPT:
         _steps.popitem(last=False)
