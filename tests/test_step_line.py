@@ -103,3 +103,13 @@ def test_peaks_replayed_from_two_journals(b: int) -> None:
     replayed = peaks_on_line((1, j1), (2, j2), b, (2,))
     assert replayed is not None
     assert {c: v.tolist() for c, v in replayed.items()} == {c: v.tolist() for c, v in peak.items()}
+
+
+def test_a_program_too_long_to_journal_is_traced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ledger drops a journal past ``Journal.most`` changes: its step is traced and gives no
+    line, so the step at a third batch is traced too."""
+    monkeypatch.setattr(Journal, "most", 50)
+    clear_steps()
+    plan = Plan.parse("dp=2")
+    traced = [_step("llama-tiny", plan, 2, b, True) for b in (1, 2, 3)]
+    assert all(s.line is None and not s.from_line for s in traced)

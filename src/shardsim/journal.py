@@ -38,6 +38,9 @@ class Journal:
     bytes)`` each (a release negative), and where its peaks were last reset. Set one on a
     ledger (``mesh.memory.journal = Journal()``) before its first value; :meth:`freeze` it after."""
 
+    #: The most changes a journal keeps (some 100 MB); a ledger drops a longer one.
+    most = 1 << 20
+
     def __init__(self) -> None:
         self.changes: list[tuple[str, bytes | None, int]] = []
         self.reset = 0  # changes before the last reset_peak count only through the bytes live then

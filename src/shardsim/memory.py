@@ -328,6 +328,8 @@ class MemoryLedger:
         cannot raise a peak)."""
         if self.journal is not None:
             self.journal.changes.append((category, mask, nbytes))
+            if len(self.journal.changes) > self.journal.most:  # a long program: keep no journal of it
+                self.journal.changes, self.journal = [], None
         counts = self._bytes.get(category)
         if counts is None:
             counts = self._bytes[category] = self._chips.counts()

@@ -188,13 +188,13 @@ def _trace_step(
     tok = ShapeDtype(tuple(tokens), "int32")
     trainer = Trainer(cfg, plan, fresh, params, optimizer, precision=precision)
     res = trainer.step(tok, tok)
-    journal = fresh.memory.journal.freeze()
+    journal = fresh.memory.journal  # None after a program too long to keep one of
     recorded = tuple(res.trace.events) if events else ()
     stored = int(res.stored_activations.max())
     shape = Mesh(dict(zip(trainer.mesh.axis_names, trainer.mesh.shape)))
     stages = _by_stage(res.memory, res.model_state, list(shape.axis_names), plan.pipe_axis if plan.pp > 1 else None)
     same = trainer.mesh.memory is fresh.memory and (shape.axis_names, shape.shape) == (mesh.axis_names, mesh.shape)
-    anchor = _Anchor(journal, dict(res.model_state), res.stored_activations) if same else None
+    anchor = _Anchor(journal.freeze(), dict(res.model_state), res.stored_activations) if same and journal else None
     return TrainedStep(recorded, per_chip(res.memory), per_chip(res.model_state), stored, shape, events, stages, anchor)
 
 
