@@ -19,7 +19,7 @@ from shardsim.models import get
 from shardsim.plans import Plan
 from shardsim.training.event_line import SIZES, on_line, same_program
 from shardsim.training.precision import Precision
-from shardsim.training.traced import _trace_step, clear_steps
+from shardsim.training.traced import _trace_step, clear_steps, steps_traced
 
 CASES = [
     ("llama-tiny", "dp=2"),
@@ -105,9 +105,9 @@ def test_a_layer_at_a_third_microbatch_is_the_traced_layer(text: str) -> None:
     warm = LayerCache(cfg, "h100", seq=16)
     for b in (1, 2):
         warm.layer(plan, b).bytes_at("total", 4)
-    traced = warm.traced
+    before = steps_traced()
     lay = warm.layer(plan, 4)
-    assert warm.traced == traced  # read off the line: nothing traced
+    assert steps_traced() == before  # read off the line: nothing traced
     clear_steps()
     ref = LayerCache(cfg, "h100", seq=16).layer(plan, 4)
     assert (lay.per_layer, lay.edge, lay.stored, lay.flops, lay.hardware_flops, lay.work) == (

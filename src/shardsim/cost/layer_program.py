@@ -233,7 +233,8 @@ class LayerCache:
     estimate's placement, :func:`~shardsim.cost.placement.place`); ``policy`` the training
     step's byte policy (:mod:`shardsim.training.policies`;
     default :func:`~shardsim.training.model_memory`'s: bf16 weights, float32 master weights
-    and Adam moments). :attr:`traced` counts the distinct layer shardings traced so far.
+    and Adam moments). :attr:`traced` counts the distinct layer shardings read so far (each traced,
+    or read off the line through two microbatch sizes of its program).
     """
 
     def __init__(
@@ -306,7 +307,7 @@ class LayerCache:
             cfg = self.model.scaled(layers=layers, seq=max(self.seq, self.model.seq), name="")
             tok = (lp.dp * lp.ep * micro, self.seq)
             step = trained_step(cfg, lp, lp.mesh(), tok, self.optimizer, self.precision)
-            self.traced += layers == 1 and not step.from_line  # a layer sharding counts once, at its first step
+            self.traced += layers == 1  # a layer sharding counts once, at its first step (traced or read off a line)
             events = [e for e in step.events if e.phase != "optimizer"]
             flops, every = _flops(events, step.mesh)
             self._programs[key] = _Run(events, dict(step.memory), dict(step.model_state), step.stored, flops, every)

@@ -67,6 +67,7 @@ class _Anchor:
 STEPS_KEPT = 256
 _steps: OrderedDict[tuple[Any, ...], TrainedStep] = OrderedDict()
 _anchors: dict[tuple[Any, ...], list[int]] = {}  # the batches traced of each program (see _on_line)
+_count = {"traced": 0}
 
 
 def trained_step(
@@ -103,6 +104,7 @@ def trained_step(
     step = _on_line(line, tokens[0], events)
     if step is None:
         step = _trace_step(cfg, plan, mesh, tokens, optimizer, precision, events)
+        _count["traced"] += 1
         traced = _anchors.setdefault(line, [])
         if step.line is not None and tokens[0] not in traced:
             traced.append(tokens[0])
@@ -150,6 +152,21 @@ def _on_line(line: tuple[Any, ...], sequences: int, events: bool) -> TrainedStep
     return TrainedStep(
         recorded, per_chip(peaks), per_chip(held), int(stored.max()), one.mesh, events, stages, from_line=True
     )
+
+
+def steps_traced() -> int:
+    """How many steps :func:`trained_step` has traced in this process (those read off a line
+    through two, or found in the cache, not counted).
+
+    >>> from shardsim.models import get
+    >>> clear_steps()
+    >>> cfg, plan, before = get("gpt-tiny").scaled(layers=1), Plan(dp=2), steps_traced()
+    >>> for b in (2, 4, 6):
+    ...     _ = trained_step(cfg, plan, plan.mesh(), (b, 16), "adam", Precision.of("bf16"))
+    >>> steps_traced() - before  # the third batch is read off the line through the first two
+    2
+    """
+    return _count["traced"]
 
 
 def steps_held() -> int:
@@ -213,4 +230,4 @@ def _by_stage(
     return tuple((stage(memory, s), stage(state, s)) for s in range(stages))
 
 
-__all__ = ["STEPS_KEPT", "TrainedStep", "clear_steps", "steps_held", "trained_step"]
+__all__ = ["STEPS_KEPT", "TrainedStep", "clear_steps", "steps_held", "steps_traced", "trained_step"]
