@@ -26,8 +26,12 @@ True
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
+import numpy as np
+
+from ..journal import sizes_on_line
 from ..tracing import Event
 
 #: The event fields that carry sizes (affine in the microbatch); every other field names the step.
@@ -74,32 +78,28 @@ def same_program(a: Sequence[Event], b: Sequence[Event]) -> bool:
     return True
 
 
-def point(x1: int, x2: int, b1: int, b2: int, b: int) -> int | None:
-    """The whole number at ``b`` on the line through ``(b1, x1)`` and ``(b2, x2)``, else None.
-
-    >>> point(10, 14, 1, 2, 4), point(10, 13, 1, 3, 2)
-    (22, None)
-    """
-    rise = (x2 - x1) * (b - b1)
-    return None if rise % (b2 - b1) else x1 + rise // (b2 - b1)
-
-
 def on_line(first: tuple[int, Sequence[Event]], second: tuple[int, Sequence[Event]], b: int) -> list[Event] | None:
     """The events at microbatch ``b`` from the traces ``(b1, events)`` and ``(b2, events)``
     of one program (module doc), or None where the line does not give them exactly."""
     (b1, one), (b2, two) = first, second
     if b1 == b2 or not same_program(one, two):
         return None
-    out = []
-    for x, y in zip(one, two):
-        pairs = [(getattr(x, f), getattr(y, f)) for f in SIZES]
-        pairs += [d for s1, s2 in zip(x.local_shapes, y.local_shapes) for d in zip(s1, s2)]
-        if all(v1 == v2 for v1, v2 in pairs):  # a size the batch does not change (a weight's)
+
+    def sizes(e: Event) -> list[int]:
+        return [*(getattr(e, f) for f in SIZES), *(d for shape in e.local_shapes for d in shape)]
+
+    flat = [sizes(x) for x in one]
+    first_sizes = np.fromiter(itertools.chain.from_iterable(flat), np.int64)
+    second_sizes = np.fromiter(itertools.chain.from_iterable(map(sizes, two)), np.int64)
+    at = sizes_on_line((b1, first_sizes), (b2, second_sizes), b)
+    if at is None or (at < 0).any():  # off the whole numbers, or below zero: not this line
+        return None
+    out, k = [], 0
+    for x, mine in zip(one, flat):
+        values, k = at[k : k + len(mine)].tolist(), k + len(mine)
+        if values == mine:  # a size the batch does not change (a weight's)
             out.append(x)
             continue
-        values = [v for v in (point(v1, v2, b1, b2, b) for v1, v2 in pairs) if v is not None and v >= 0]
-        if len(values) < len(pairs):  # off the whole numbers, or below zero: not this line
-            return None
         dims = iter(values[len(SIZES) :])
         shapes = tuple(tuple(next(dims) for _ in s) for s in x.local_shapes)
         out.append(_with(x, dict(zip(SIZES, values[: len(SIZES)]), local_shapes=shapes)))
@@ -114,4 +114,4 @@ def _with(e: Event, sizes: dict[str, object]) -> Event:
     return out
 
 
-__all__ = ["SIZES", "on_line", "point", "same_program"]
+__all__ = ["SIZES", "on_line", "same_program"]
