@@ -92,6 +92,7 @@ def test_bounds_are_lower_bounds(c):
     assert time_bound(LLAMA, c, hw, eff, seq=16) <= est.step_s * (1 + 1e-9)
     lay = _CACHE.layer(c.plan, c.micro, c.order)
     per = lay.per_layer
+    assert stage_bound(LLAMA, c, _CACHE.compute_per_layer(c.plan, c.micro)) <= est.step_s * (1 + 1e-9)
     assert stage_bound(LLAMA, c, per.fwd + per.bwd) <= est.step_s * (1 + 1e-9)
     if c.plan.pp > 1:
         assert stage_memory_bound(LLAMA, c, lay) <= est.memory["total"]
@@ -138,6 +139,20 @@ def test_layer_programs_are_shared_across_pipeline_depths():
     for pp in (1, 2, 4):
         cache.layer(Plan(dp=8 // pp, pp=pp, microbatches=2), micro=1)
     assert cache.traced == 1
+
+
+def test_placements_that_route_the_layers_axes_alike_share_its_time_lines():
+    """On 8-chip nodes the model axis of tp=4 is NVLink and a data axis of 4 outside two pipeline
+    stages or four crosses four nodes: the layer is timed once, as a fresh cache times it; a
+    data axis inside the node is timed on its own."""
+    shared = LayerCache(LLAMA, "h100", seq=16)
+    deep, shallow = Plan(dp=4, tp=4, pp=4, microbatches=4), Plan(dp=4, tp=4, pp=2, microbatches=4)
+    a, b = shared.layer(shallow, micro=1), shared.layer(deep, micro=1)
+    fresh = LayerCache(LLAMA, "h100", seq=16).layer(deep, micro=1)
+    assert a.timeline is b.timeline and b.per_layer == fresh.per_layer and b.edge == fresh.edge
+    inside = shared.layer(Plan(dp=2, tp=4), micro=1)  # the same layer program, its data axis on NVLink
+    assert inside.per_layer == LayerCache(LLAMA, "h100", seq=16).layer(Plan(dp=2, tp=4), micro=1).per_layer
+    assert inside.per_layer.sync < a.per_layer.sync
 
 
 def test_memory_reads_the_ledger_and_the_schedule():
@@ -312,5 +327,6 @@ def test_bounds_hold_at_real_sizes(text, micro):
     assert memory_bound(_REAL.model, c, seq=8192) <= est.memory["total"]
     lay = _REAL.layer(plan, micro, c.order)
     assert stage_bound(_REAL.model, c, lay.per_layer.fwd + lay.per_layer.bwd) <= est.step_s * (1 + 1e-9)
+    assert stage_bound(_REAL.model, c, _REAL.compute_per_layer(plan, micro)) <= est.step_s * (1 + 1e-9)
     if plan.pp > 1:
         assert stage_memory_bound(_REAL.model, c, lay) <= est.memory["total"]

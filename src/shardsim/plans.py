@@ -40,6 +40,7 @@ from .mesh import Mesh
 
 ROLES = ("data", "pipe", "context", "expert", "model")  # mesh order: the tensor-parallel axis innermost
 DEGREE = {"data": "dp", "pipe": "pp", "context": "cp", "expert": "ep", "model": "tp"}
+_AXIS_NAMES_SEEN: set[str] = set()  # axis names a Mesh has accepted: plans are built by the thousand
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 CP_METHODS = ("ring", "all_gather")
 ATTENTION = ("standard", "flash")
@@ -117,10 +118,13 @@ class Plan:
         """Each ``*_axis`` is a name a :class:`Mesh` accepts, so ``plan.mesh()`` and ``str(plan)`` work."""
         for role in ROLES:
             name = getattr(self, f"{role}_axis")
+            if isinstance(name, str) and name in _AXIS_NAMES_SEEN:
+                continue
             try:
-                Mesh({name: 1})  # the mesh's own rule for axis names, checked once
+                Mesh({name: 1})  # the mesh's own rule for axis names
             except (MeshAxisError, TypeError) as e:
                 raise PlanError(f"Plan.{role}_axis={name!r}: {e}") from None
+            _AXIS_NAMES_SEEN.add(name)
 
     # -- roles and degrees ------------------------------------------------------------------
     def axes(self) -> dict[str, str]:

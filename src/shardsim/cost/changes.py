@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..plans import RECOMPUTE, Plan
+from ..transformer.roles import Roles
 from .numbers import gb
 
 
@@ -42,18 +43,24 @@ class Fix:
 
 def changes(plan: Plan, sequences: int) -> list[tuple[str, Plan]]:
     """The single changes tried on ``plan`` with a global batch of ``sequences``, as (text, plan):
-    FlashAttention; recomputation, selective then full; each higher ZeRO stage (with data
+    FlashAttention; recomputation, selective (unless FlashAttention leaves it nothing to drop)
+    then full; each higher ZeRO stage (with data
     parallelism); more microbatches of the same batch, the next count and the most (one
     sequence each); sequence parallelism when ``tp > 1``.
 
     >>> [c for c, _ in changes(Plan(dp=2, tp=2, attention="standard"), 8)]  # doctest: +NORMALIZE_WHITESPACE
     ['attention=flash', 'recompute=selective', 'recompute=full', 'zero=1', 'zero=2', 'zero=3',
      'microbatches=2', 'microbatches=4', 'sp']
+    >>> [c for c, _ in changes(Plan(dp=2, tp=2, sp=True), 2)]  # FlashAttention: selective would drop nothing
+    ['recompute=full', 'zero=1', 'zero=2', 'zero=3']
     """
     out: list[tuple[str, dict[str, Any]]] = []
     if plan.attention != "flash" and plan.cp == 1:
         out.append(("attention=flash", {"attention": "flash"}))
-    out += [(f"recompute={r}", {"recompute": r}) for r in RECOMPUTE[RECOMPUTE.index(plan.recompute) + 1 :]]
+    for r in RECOMPUTE[RECOMPUTE.index(plan.recompute) + 1 :]:
+        # under FlashAttention selective recomputation has nothing to drop: the same program
+        if Roles.of(plan.replace(recompute=r)).recompute != Roles.of(plan).recompute:
+            out.append((f"recompute={r}", {"recompute": r}))
     if plan.dp > 1:
         out += [(f"zero={z}", {"zero": z}) for z in range(plan.zero + 1, 4)]
     per_replica = sequences // plan.dp

@@ -2,10 +2,11 @@
 
 A plan whose step does not fit the chip's HBM is tried with each change a practitioner would
 make first (:func:`~shardsim.cost.changes.changes`), one at a time and on the same chips:
-FlashAttention (``attention=flash``), recomputation (``recompute=selective``, then ``full``),
-a higher ZeRO stage (up to 3), more microbatches of the same global batch (a smaller
-microbatch), sequence parallelism when ``tp > 1``. Each is estimated as the plan was, with the
-same options; :func:`fixes` returns those that fit, the fastest first, and the summary of
+FlashAttention (``attention=flash``), recomputation (``recompute=selective``, unless
+FlashAttention leaves it nothing to drop, then ``full``), a higher ZeRO stage (up to 3), more
+microbatches of the same global batch (a smaller microbatch), sequence parallelism when
+``tp > 1``. Each is estimated as the plan was, with the same options; :func:`fixes` returns
+those that fit, the fastest first, and the summary of
 :func:`shardsim.cost.estimate` ends with the three fastest (``to fit: ...``) or says that no
 single change fits and what was tried.
 

@@ -56,7 +56,7 @@ from .model_steps import is_sync, recorded_steps
 from .placement import AxisLink, Placement, place
 from .presets import get_hardware
 from .program import chips_running, trace_steps
-from .timeline import Timeline, build_timeline
+from .timeline import COLLECTIVES, Timeline, build_timeline, compute_seconds
 
 
 @dataclass(frozen=True)
@@ -141,6 +141,12 @@ class _Run:
     flops: int
     hardware_flops: int
 
+    @functools.cached_property
+    def axes(self) -> tuple[tuple[str, ...], ...]:
+        """The mesh axes of each kind of collective the run issues (what its time lines depend on
+        of a placement)."""
+        return tuple(sorted({e.axes for e in self.events if e.op in COLLECTIVES and e.axes}))
+
 
 def _flops(events: Sequence[Event], mesh: Mesh) -> tuple[int, int]:
     """One microbatch's FLOPs per chip, averaged, recomputation left out and counted in:
@@ -188,6 +194,7 @@ def _minus(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
     return {k: a.get(k, 0.0) - b.get(k, 0.0) for k in {*a, *b}}
 
 
+@functools.lru_cache(maxsize=4096)  # asked for every candidate of a search, several times
 def trace_plan(plan: Plan) -> Plan:
     """The plan a layer is traced under: without its pipeline (one stage, one microbatch) and
     over two data ranks. The program is the same at every data-parallel degree (each rank
@@ -260,6 +267,8 @@ class LayerCache:
         self._programs: dict[tuple[str, int, int], _Run] = {}
         self._placements: dict[tuple[Any, ...], tuple[Placement, Efficiency]] = {}
         self._p2p: dict[tuple[Any, ...], float] = {}
+        self._compute: dict[tuple[str, int], float] = {}
+        self._timelines: dict[tuple[Any, ...], tuple[Times, Timeline, Timeline]] = {}
         self.traced = 0
 
     def with_layers(self, layers: int) -> LayerCache:
@@ -299,6 +308,27 @@ class LayerCache:
             self._layers[key] = self._cost(lp, micro, plan.dp, pl, eff)
         return self._layers[key]
 
+    def compute_per_layer(self, plan: Plan, micro: int) -> float:
+        """Seconds of one layer's forward and backward (recomputation in it) on the busiest
+        chips' compute stream, from the traces at one and two layers: the same on every
+        placement, and no more than the layer's time on any (its collectives only add waits;
+        :func:`~shardsim.cost.timeline.compute_seconds`). A candidate it rules out needs no
+        time line of its own placement.
+
+        >>> from shardsim.models import get
+        >>> cache = LayerCache(get("gpt-tiny"), "h100", seq=16)
+        >>> per = cache.layer(Plan(dp=2, tp=2), micro=2).per_layer
+        >>> 0 < cache.compute_per_layer(Plan(dp=2, tp=2), micro=2) <= per.fwd + per.bwd
+        True
+        """
+        lp = trace_plan(plan)
+        key = (str(lp), micro)
+        if key not in self._compute:
+            _, eff = self.placement(plan)  # the kernels' rates are the chip's, whatever the placement
+            one, two = (compute_seconds(self._run(lp, micro, k).events, self.hw, eff) for k in (1, 2))
+            self._compute[key] = two - one
+        return self._compute[key]
+
     def _run(self, lp: Plan, micro: int, layers: int) -> _Run:
         """The shape-only training step of the layer program at ``layers`` layers, read from the
         cost model's shared steps (:func:`~shardsim.training.traced.trained_step`)."""
@@ -323,17 +353,25 @@ class LayerCache:
 
     def _cost(self, lp: Plan, micro: int, dp: int, pl: Placement, eff: Efficiency) -> Layer:
         r1, r2 = self._run(lp, micro, 1), self._run(lp, micro, 2)
-        (t1, _, w1), (t2, tl, w2) = (self._times(r.events, pl, eff) for r in (r1, r2))
+        (t1, _, w1), (t2, tl, w2) = (self._times(r, pl, eff) for r in (r1, r2))
         per, work = t2 - t1, _minus(pass_work(w2), pass_work(w1))
         flops, every = (r1.flops, r2.flops), (r1.hardware_flops, r2.hardware_flops)
         edge_work = _minus(pass_work(w1), work)
         memory = functools.partial(self._memory, lp, micro, dp)
         return Layer(per, t1 - per, r1.stored, flops, tl, memory, (work, edge_work), every)
 
-    def _times(self, events: Sequence[Event], pl: Placement, eff: Efficiency) -> tuple[Times, Timeline, Timeline]:
+    def _times(self, run: _Run, pl: Placement, eff: Efficiency) -> tuple[Times, Timeline, Timeline]:
         """The times of two time lines, the microbatch's work alone and with the gradient
         reductions (the last microbatch's backward, overlapping them), and both time lines,
-        the whole first; the forward ends where its last bar does."""
+        the whole first; the forward ends where its last bar does. Placements that route
+        every axis the run's collectives use alike share them (an axis's other size or
+        network changes nothing the run does)."""
+        key = (id(run), tuple(pl.route(axes) for axes in run.axes))
+        if key not in self._timelines:
+            self._timelines[key] = self._timed(run.events, pl, eff)
+        return self._timelines[key]
+
+    def _timed(self, events: Sequence[Event], pl: Placement, eff: Efficiency) -> tuple[Times, Timeline, Timeline]:
         alone = [e for e in events if not is_sync(e, self._params)]
         work = build_timeline(recorded_steps(alone), self.hw, pl, efficiency=eff)
         synced = len(alone) < len(events)  # no gradient reduction (one data and context rank): one time line

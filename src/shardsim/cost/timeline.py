@@ -395,26 +395,9 @@ def _cost(
     def links(name: str) -> tuple[str, ...]:
         return tuple(f"{name} {g}" for g in on) or (name,)
 
-    if e.kernel == "attention" and efficiency.attention is not None:
-        # a fused kernel: its scores never reach HBM and its softmax is inside it, so it runs
-        # at the kernel's measured rate with no untimed passes after it
-        seconds = e.flops / (hardware.flops(e.dtype or "bfloat16") * efficiency.attention.fraction(e.phase))
-        return _Cost("compute" + suffix, links("compute"), seconds, "compute", None, seconds)
-    if e.kernel == "attention":
-        # a fused kernel without a measured rate: its matmuls run on the matmul curve at the
-        # traffic the trace counts (Q, K, V and O once per block, the scores a 128 x 128 tile on
-        # chip), and its softmax is inside it, so no untimed passes over the scores follow
-        r = matmul_time(e.flops, e.hbm_bytes, hardware, e.dtype or "bfloat16", efficiency)
-        return _Cost("compute" + suffix, links("compute"), r.seconds, r.bound, r.intensity, r.flops_s, r.memory_s)
-    if e.op == "matmul" or e.flops:
-        r = matmul_time(e.flops, e.hbm_bytes, hardware, e.dtype or "bfloat16", efficiency)
-        # the untimed kernels that read and write the matmul's output run right after it on
-        # the same stream, so its reader waits for them too (0 when ideal)
-        untimed = efficiency.untimed_s(output_bytes(e), hardware.hbm_bandwidth)
-        return _Cost(
-            "compute" + suffix, links("compute"), r.seconds + untimed, r.bound, r.intensity, r.flops_s, r.memory_s,
-            untimed,
-        )  # fmt: skip
+    kernel = _kernel(e, hardware, efficiency)
+    if kernel is not None:
+        return _Cost("compute" + suffix, links("compute"), *kernel)
     if e.op in COLLECTIVES and e.axes:
         t = collective_time(e.op, _volume(e), placement.route(e.axes), hardware.ring, efficiency)
         axes_links = tuple(link for a in e.axes for link in links(f"comm {a}"))
@@ -422,6 +405,59 @@ def _cost(
     if e.op == "host_transfer" and hardware.host_bandwidth:
         return _Cost("host" + suffix, links("host"), e.received_bytes / hardware.host_bandwidth, "bandwidth")
     return None
+
+
+def _kernel(e: Event, hardware: Hardware, efficiency: Efficiency) -> tuple[Any, ...] | None:
+    """A compute event's seconds, what bounds it, its intensity and its seconds in FLOPs, HBM
+    traffic and untimed kernels (the fields of :class:`_Cost` after its stream and links);
+    None for an event that does not compute. The same on every placement."""
+    if e.kernel == "attention" and efficiency.attention is not None:
+        # a fused kernel: its scores never reach HBM and its softmax is inside it, so it runs
+        # at the kernel's measured rate with no untimed passes after it
+        seconds = e.flops / (hardware.flops(e.dtype or "bfloat16") * efficiency.attention.fraction(e.phase))
+        return seconds, "compute", None, seconds
+    if e.kernel == "attention":
+        # a fused kernel without a measured rate: its matmuls run on the matmul curve at the
+        # traffic the trace counts (Q, K, V and O once per block, the scores a 128 x 128 tile on
+        # chip), and its softmax is inside it, so no untimed passes over the scores follow
+        r = matmul_time(e.flops, e.hbm_bytes, hardware, e.dtype or "bfloat16", efficiency)
+        return r.seconds, r.bound, r.intensity, r.flops_s, r.memory_s
+    if e.op == "matmul" or e.flops:
+        r = matmul_time(e.flops, e.hbm_bytes, hardware, e.dtype or "bfloat16", efficiency)
+        # the untimed kernels that read and write the matmul's output run right after it on
+        # the same stream, so its reader waits for them too (0 when ideal)
+        untimed = efficiency.untimed_s(output_bytes(e), hardware.hbm_bandwidth)
+        return r.seconds + untimed, r.bound, r.intensity, r.flops_s, r.memory_s, untimed
+    return None
+
+
+def compute_seconds(events: Sequence[Event], hardware: Hardware, efficiency: Efficiency = IDEAL) -> float:
+    """Seconds the busiest chips' compute stream runs ``events``' kernels: a lower bound of
+    their time line's step on any placement (the collectives are left out; they only add
+    waits). An event held on some chips only (``Event.where``) runs on those chips' stream,
+    one every chip runs on all of them.
+
+    >>> import shardsim
+    >>> from .presets import get_hardware
+    >>> mesh = shardsim.Mesh(X=2)
+    >>> x = shardsim.shard(shardsim.ShapeDtype((4096, 4096), "bfloat16"), mesh, "B_X D")
+    >>> w = shardsim.shard(shardsim.ShapeDtype((4096, 4096), "bfloat16"), mesh, "D F")
+    >>> with shardsim.trace() as t:
+    ...     y = shardsim.all_gather(shardsim.matmul(x, w), "X")
+    >>> hw = get_hardware("h100")
+    >>> compute_seconds(t.events, hw) == timeline_of(t, hw, mesh).bars[0].seconds  # the matmul alone
+    True
+    """
+    busy: dict[str, float] = {}
+    seconds: dict[tuple[Any, ...], float] = {}
+    for e in events:
+        key = (e.op, e.kernel, e.phase, e.flops, e.hbm_bytes, e.dtype, e.local_shapes)
+        if key not in seconds:
+            kernel = _kernel(e, hardware, efficiency)
+            seconds[key] = 0.0 if kernel is None else kernel[0]
+        busy[e.where] = busy.get(e.where, 0.0) + seconds[key]
+    everyone = busy.pop("", 0.0)
+    return everyone + max(busy.values(), default=0.0)
 
 
 def _inside(where: str, groups: Sequence[str]) -> list[str]:

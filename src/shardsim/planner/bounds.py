@@ -136,15 +136,36 @@ def stage_memory_bound(model: TransformerConfig, c: Candidate, lay: Layer) -> fl
     n = busiest_stage_layers(model, c)
     short = 1 if n * p.pp > model.layers else 0  # the first and last stage hold one layer fewer
     per_state = sum(lay.state_at(k, 3) - lay.state_at(k, 2) for k in ("params", "optimizer"))
+    per_grads = lay.state_at("grads", 3) - lay.state_at("grads", 2)
     per_stash = lay.bytes_at("activations", 3) - lay.bytes_at("activations", 2)
-    held = max(in_flight(p.schedule, p.pp, p.microbatches, p.virtual_stages)[:: p.pp - 1])
-    return (n - short) * per_state + ((held - 1) * (n // p.virtual_stages) - short) * per_stash
+    chunk = n // p.virtual_stages
+    held, after_backward = in_flight(p.schedule, p.pp, p.microbatches, p.virtual_stages)
+    bound = (n - short) * per_state + ((held - 1) * chunk - short) * per_stash
+    if after_backward:  # a forward after the stage's first backward: its gradients live beside the stash
+        with_grads = (n - short) * (per_state + per_grads) + ((after_backward - 1) * chunk - short) * per_stash
+        bound = max(bound, with_grads)
+    return bound
 
 
 @functools.lru_cache(maxsize=256)
-def in_flight(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
-    """Each stage's most microbatch chunks in flight at once under the schedule."""
-    return tuple(make(schedule, p, m, v).peak_in_flight())
+def in_flight(schedule: str, p: int, m: int, v: int) -> tuple[int, int]:
+    """The most microbatch chunks the first or last stage holds at once under the schedule, and
+    the most either holds while it runs a forward after its first backward (0 if neither does).
+
+    >>> in_flight("1f1b", 4, 8, 1), in_flight("1f1b", 4, 4, 1), in_flight("gpipe", 4, 8, 1)
+    ((4, 4), (4, 1), (8, 0))
+    """
+    schedule_ = make(schedule, p, m, v)
+    orders, counts = schedule_.orders(), schedule_.in_flight()
+    held, after = 0, 0
+    for stage in sorted({0, p - 1}):
+        held = max(held, max(counts[stage]))
+        seen = False
+        for it, count in zip(orders[stage], counts[stage]):
+            seen = seen or it.kind == "B"
+            if seen and it.kind == "F":
+                after = max(after, count)
+    return held, after
 
 
 def time_bound(

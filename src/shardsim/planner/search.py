@@ -322,13 +322,16 @@ def _walk(
             rejected.extend(Rejection(c2, "bound", b2 / best - 1, b2 * c2.tokens(seq)) for b2, c2 in ranked[i:])
             break
         try:
-            lay = cache.layer(c.plan, c.micro, c.order)
-            if c.plan.pp > 1:  # the traced layer bounds the schedule before its clock runs
+            # the traced layer bounds the step before it is timed on the candidate's placement
+            # (its compute alone), and again once it is (its time), before the schedule's clock runs
+            lb = stage_bound(cfg, c, cache.compute_per_layer(c.plan, c.micro)) / c.tokens(seq)
+            if lb < best * (1 + window):
+                lay = cache.layer(c.plan, c.micro, c.order)
                 per = lay.per_layer
-                lb = stage_bound(cfg, c, per.fwd + per.bwd) / c.tokens(seq)
-                if lb >= best * (1 + window):
-                    rejected.append(Rejection(c, "bound", lb / best - 1, lb * c.tokens(seq)))
-                    continue
+                lb = stage_bound(cfg, c, per.fwd + per.bwd) / c.tokens(seq) if c.plan.pp > 1 else lb
+            if lb >= best * (1 + window):
+                rejected.append(Rejection(c, "bound", lb / best - 1, lb * c.tokens(seq)))
+                continue
             clock = step_clock(cache, c)  # the clock before the memory: its bytes cost more to trace
             step = clock[0]
             if step / c.tokens(seq) > best * (1 + window):
