@@ -64,7 +64,7 @@ def test_when_no_single_change_fits_the_summary_says_what_was_tried() -> None:
     assert est.fixes == [] and f"no single change fits: tried {tried}" in est.summary()
 
 
-def test_only_the_estimate_asked_for_is_advised(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_the_estimate_asked_for_is_advised_and_only_when_read(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[cost.Estimate] = []
     real = model_estimate.estimate_model
 
@@ -74,6 +74,8 @@ def test_only_the_estimate_asked_for_is_advised(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(fixes_module, "estimate_model", counting)  # the variants' estimates
     est = cost.estimate("llama-tiny", PLAN, chip(1000), **ASK)
+    assert calls == []  # the variants are estimated when the changes are first read
+    assert est.fixes == [] and est.fixes == []
     assert [e.plan for e in calls] == [p for _, p in changes(est.plan, 8)]  # each variant once
     assert all(e.fixes is None and e.defaults == {} for e in calls)  # none advised in turn
 

@@ -8,7 +8,7 @@ is :mod:`~shardsim.cost.fixes`' to find.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +69,35 @@ def changes(plan: Plan, sequences: int) -> list[tuple[str, Plan]]:
     if plan.tp > 1 and not plan.sp:
         out.append(("sp", {"sp": True}))
     return [(text, plan.replace(**change)) for text, change in out]
+
+
+class Advice:
+    """The changes that fit, found when first asked: each is a whole estimate of the changed
+    plan, so an estimate read for its time or memory alone never pays for them. Two are equal
+    when they find the same changes.
+
+    >>> calls = []
+    >>> advice = Advice(lambda: calls.append("found") or [])
+    >>> len(calls)
+    0
+    >>> advice.found(), advice.found(), calls
+    ([], [], ['found'])
+    """
+
+    def __init__(self, find: Callable[[], list[Fix]]) -> None:
+        self._find: Callable[[], list[Fix]] | None = find
+        self._found: list[Fix] = []
+
+    def found(self) -> list[Fix]:
+        """The changes that fit, fastest first (found once)."""
+        if self._find is not None:
+            self._found, self._find = self._find(), None
+        return self._found
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Advice) and self.found() == other.found()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable until found
 
 
 def advice_line(fixes: Sequence[Fix], plan: Plan, sequences: int) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import ShardsimError
 from ..models import TransformerConfig
 from ..plans import Plan
-from .changes import Fix, changes
+from .changes import Advice, Fix, changes
 from .defaults import applied
 from .hardware import Hardware
 from .model_estimate import estimate_model
@@ -71,7 +71,8 @@ def _fitting(base: Estimate, seq: int | None, options: dict[str, Any]) -> list[F
 
 def advise(est: Estimate, *, seq: int | None, **options: Any) -> Estimate:
     """``est`` with the defaults it applied (:mod:`~shardsim.cost.defaults`) and, when a
-    transformer's step does not fit, the changes that do (:attr:`Estimate.fixes`).
+    transformer's step does not fit, the changes that do (:attr:`Estimate.fixes`, found when
+    first read).
     ``options`` are the estimate's own (:func:`~shardsim.cost.estimate_model`'s)."""
     named = {k: options[k] for k in ("efficiency", "optimizer", "precision", "policy", "dtype") if k in options}
     cfg = est.cfg
@@ -79,8 +80,8 @@ def advise(est: Estimate, *, seq: int | None, **options: Any) -> Estimate:
         est.defaults = applied(**{**named, "precision": named.get("precision") or est.plan.precision})
         return est
     est.defaults = applied(plan=est.plan, seq=seq, model_seq=cfg.seq, **named)
-    if est.memory and not est.fits:
-        est.fixes = _fitting(est, seq, options)
+    if est.memory and not est.fits:  # found when first read: each is a whole estimate
+        est.advice = Advice(lambda: _fitting(est, seq, options))
     return est
 
 

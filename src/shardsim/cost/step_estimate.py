@@ -25,7 +25,7 @@ from ..models import TransformerConfig
 from ..models.mlp import MLP
 from ..plans import Plan
 from .bound import comm_excess, excess_terms
-from .changes import Fix, advice_line
+from .changes import Advice, Fix, advice_line
 from .efficiency import IDEAL, Efficiency
 from .hardware import Hardware
 from .numbers import gb, ms
@@ -55,7 +55,7 @@ class Estimate:
     hardware FLOPs over all chips, read off the layer program.
     ``defaults`` names the defaults the estimate applied (:mod:`~shardsim.cost.defaults`);
     ``fixes`` the single changes of a transformer's plan that fit when its step does not
-    (:mod:`~shardsim.cost.fixes`; None when not asked).
+    (:mod:`~shardsim.cost.fixes`; None when not asked), found when first read (``advice``).
     """
 
     scheme: str
@@ -81,7 +81,12 @@ class Estimate:
     warnings: list[str] = field(default_factory=list)
     flops: tuple[float, float] | None = None
     defaults: dict[str, str] = field(default_factory=dict)
-    fixes: list[Fix] | None = None
+    advice: Advice | None = field(default=None, repr=False)
+
+    @property
+    def fixes(self) -> list[Fix] | None:
+        """The single changes of the plan that fit, fastest first (None when not asked)."""
+        return None if self.advice is None else self.advice.found()
 
     @property
     def cfg(self) -> TransformerConfig | None:
