@@ -174,12 +174,15 @@ def item_timeline(plan: Plan, lay: Layer, layers: int, send: float, title: str =
     reduced_over = tuple(axes[r] for r in ("data", "context") if plan.degree(r) > 1)
     bars: list[Bar] = []
     virtual = p * v
+    works: dict[tuple[int, str], dict[str, float]] = {}  # a virtual stage's pass: the same every microbatch
     for (stage, slot, _, sends, last), (start, sent) in zip(_slots(sched), starts):
         k, forward = slot % virtual, slot < virtual
         side = "F" if forward else "B"
-        head = 1.0 if k == virtual - 1 else 0.0
-        work = {key: ps.layers[k] * lay.work[0].get(key, 0.0) + head * lay.work[1].get(key, 0.0)
-                for key in {*lay.work[0], *lay.work[1]} if key.startswith(side)}  # fmt: skip
+        if (k, side) not in works:
+            head = 1.0 if k == virtual - 1 else 0.0
+            works[k, side] = {key: ps.layers[k] * lay.work[0].get(key, 0.0) + head * lay.work[1].get(key, 0.0)
+                              for key in {*lay.work[0], *lay.work[1]} if key.startswith(side)}  # fmt: skip
+        work = works[k, side]
         d = ps.fwd[k] if forward else ps.bwd[k]
         where = f"{pipe}{stage}"
         bars += _item_bars(len(bars), where, k, side, start, d, work)

@@ -526,7 +526,15 @@ def _by_chips(bars: Sequence[Bar]) -> dict[str, list[Bar]]:
     groups = sorted({b.where for b in bars if b.where})
     if not groups:
         return {"": list(bars)}
-    return {g: [b for b in bars if b.where in ("", g)] for g in groups}
+    out: dict[str, list[Bar]] = {g: [] for g in groups}
+    every = list(out.values())
+    for b in bars:  # one pass, each set's bars in their order (a pipeline's time line has many)
+        if b.where:
+            out[b.where].append(b)
+        else:
+            for mine in every:
+                mine.append(b)
+    return out
 
 
 def _with_hidden(bars: list[Bar]) -> list[Bar]:
