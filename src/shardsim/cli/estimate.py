@@ -75,7 +75,9 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--batch", type=count("batch"), help="global batch in tokens")
     size.add_argument("--per-chip-batch", type=count("batch"), help="tokens per chip (default 4096)")
     model = parser.add_argument_group("a model under a plan (instead of --scheme and --mesh)")
-    model.add_argument("--model", help="a model preset, e.g. llama3-70b, gpt3-175b (shardsim.models.names())")
+    which = model.add_mutually_exclusive_group()
+    which.add_argument("--model", help="a model preset, e.g. llama3-70b, gpt3-175b (shardsim.models.names())")
+    which.add_argument("--hf-config", help="a Hugging Face config.json (or its folder) instead of a preset")
     model.add_argument("--plan", help="the plan, e.g. dp=16,tp=8,pp=4,zero=1,microbatches=16 (default dp=--chips)")
     model.add_argument(
         "--batch-tokens",
@@ -108,7 +110,7 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
 @subcommand("estimate", "time one training step of a scheme on real hardware", configure=add_estimate_arguments)
 def cli_estimate(args: argparse.Namespace) -> int:
     """Run ``shardsim estimate``: summary, text time line, optional breakdown, PNG, critical batch."""
-    if args.model is not None:
+    if args.model is not None or args.hf_config is not None:
         return cli_model_estimate(args)
     for flag in ("plan", "batch_tokens", "seq", "train_tokens", "precision"):
         if getattr(args, flag) is not None:
@@ -193,16 +195,18 @@ def cli_model_estimate(args: argparse.Namespace) -> int:
     """``shardsim estimate --model M --plan P``: the model's summary, its time line, optional
     breakdown, PNG and Chrome trace; ``--json`` the record :func:`model_record` gives."""
     from ..models import get as get_model
+    from ..models.hf import from_hf_config
 
+    named = f"--model {args.model}" if args.model is not None else f"--hf-config {args.hf_config}"
     mlp = {"scheme": None, "mesh": None, "batch": None, "per_chip_batch": None, "critical": False}
     given = [k for k, v in mlp.items() if getattr(args, k) != v]
     given += [k for k, v in {"d_model": 8192, "d_ff": 32768, "layers": 1}.items() if getattr(args, k) != v]
     if given:
         flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
-        raise CommandLineError(f"{flags}: the MLP's options; --model {args.model} has its own sizes, give --plan")
+        raise CommandLineError(f"{flags}: the MLP's options; {named} has its own sizes, give --plan")
     if args.batch_tokens is None:
-        raise CommandLineError("--model needs --batch-tokens, the global batch in tokens (e.g. 16M)")
-    cfg = get_model(args.model)
+        raise CommandLineError(f"{named.split()[0]} needs --batch-tokens, the global batch in tokens (e.g. 16M)")
+    cfg = get_model(args.model) if args.model is not None else from_hf_config(args.hf_config, seq=args.seq)
     plan = Plan.parse(args.plan) if args.plan else Plan(dp=args.chips or 1)
     hw = _hardware(args)
     _check_png(args.png)

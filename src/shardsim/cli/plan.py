@@ -1,6 +1,7 @@
 """``shardsim plan``: the planner on the command line.
 
-The options are :func:`~shardsim.planner.plan`'s: ``--model`` (a preset), ``--hardware``,
+The options are :func:`~shardsim.planner.plan`'s: ``--model`` (a preset) or ``--hf-config`` (a
+Hugging Face ``config.json``, :func:`~shardsim.models.hf.from_hf_config`), ``--hardware``,
 ``--chips``, ``--batch-tokens`` (``16M`` is 16 x 2**20 tokens, as Llama 3 counts its 16M
 batch; ``K`` and ``G`` alike), ``--seq``, ``--fix tp=8,pp=16`` (plan fields held fixed),
 ``--allow dp,zero,tp,sp,pp`` (the parallelisms that may be used), ``--headroom``,
@@ -28,6 +29,7 @@ from typing import Any
 from ..cost.defaults import HARDWARE
 from ..cost.units import token_count  # the library reads batch_tokens="16M" with it too
 from ..errors import CommandLineError
+from ..models.hf import from_hf_config
 from ..models.presets import names as model_names
 from ..planner.search import plan
 from ..planner.space import FIXABLE, PARALLELISMS
@@ -37,7 +39,9 @@ from .framework import subcommand
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``shardsim plan``."""
-    parser.add_argument("--model", required=True, help=f"a model preset ({', '.join(model_names()[:4])}, ...)")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help=f"a model preset ({', '.join(model_names()[:4])}, ...)")
+    which.add_argument("--hf-config", help="a Hugging Face config.json (or its folder) instead of a preset")
     parser.add_argument("--hardware", help=f"a hardware preset (default {HARDWARE})")
     parser.add_argument("--chips", type=count("cost_chips"), required=True, help="chips in the cluster")
     parser.add_argument("--batch-tokens", type=token_count, required=True, help="global batch in tokens (e.g. 16M)")
@@ -61,8 +65,9 @@ def cli_plan(args: argparse.Namespace) -> int:
     if args.allow is not None:
         options["allow"] = _allowed(args.allow)
     hardware = HARDWARE if args.hardware is None else args.hardware
+    model = args.model if args.hf_config is None else from_hf_config(args.hf_config, seq=args.seq)
     table = plan(
-        args.model, hardware, args.chips, args.batch_tokens, args.seq, efficiency=args.efficiency,
+        model, hardware, args.chips, args.batch_tokens, args.seq, efficiency=args.efficiency,
         window=args.window, headroom=args.headroom, policy=args.policy, **options,
     )  # fmt: skip
     if args.hardware is None:

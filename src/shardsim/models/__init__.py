@@ -1,4 +1,5 @@
-"""Transformer models: the configuration, published presets, and the single-device reference.
+"""Transformer models: the configuration, published presets, Hugging Face ``config.json`` in and
+out, and the single-device reference.
 
 >>> from shardsim import models
 >>> cfg = models.get("gpt-tiny")
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 from . import reference
 from .config import TransformerConfig
+from .hf import from_hf_config, to_hf_config
 from .mlp import MLP
 from .presets import get, names
 
-__all__ = ["MLP", "TransformerConfig", "get", "names", "reference"]
+__all__ = ["MLP", "TransformerConfig", "from_hf_config", "get", "names", "reference", "to_hf_config"]
