@@ -38,6 +38,7 @@ ROOMS = (
     "cost",  # the analytic cost model and estimates
     "planner",  # searches plans with the cost model
     "calibration",  # fits the cost model to measurements by running the planner
+    "frameworks",  # the frameworks' launch configurations read as plans and written back
     "cli",  # command-line front ends and the helpers for examples and tests
     "package",  # shardsim/__init__.py: the public face, may name anything
 )

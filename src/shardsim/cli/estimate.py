@@ -78,7 +78,12 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     which = model.add_mutually_exclusive_group()
     which.add_argument("--model", help="a model preset, e.g. llama3-70b, gpt3-175b (shardsim.models.names())")
     which.add_argument("--hf-config", help="a Hugging Face config.json (or its folder) instead of a preset")
-    model.add_argument("--plan", help="the plan, e.g. dp=16,tp=8,pp=4,zero=1,microbatches=16 (default dp=--chips)")
+    plan = model.add_mutually_exclusive_group()
+    plan.add_argument("--plan", help="the plan, e.g. dp=16,tp=8,pp=4,zero=1,microbatches=16 (default dp=--chips)")
+    plan.add_argument(
+        "--megatron",
+        help="Megatron-LM's flags in quotes instead of --plan, --batch-tokens and --seq (the world size is --chips)",
+    )
     model.add_argument(
         "--batch-tokens",
         type=tokens_type,
@@ -194,6 +199,7 @@ def cli_estimate(args: argparse.Namespace) -> int:
 def cli_model_estimate(args: argparse.Namespace) -> int:
     """``shardsim estimate --model M --plan P``: the model's summary, its time line, optional
     breakdown, PNG and Chrome trace; ``--json`` the record :func:`model_record` gives."""
+    from ..frameworks.megatron import from_megatron
     from ..models import get as get_model
     from ..models.hf import from_hf_config
 
@@ -204,9 +210,17 @@ def cli_model_estimate(args: argparse.Namespace) -> int:
     if given:
         flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
         raise CommandLineError(f"{flags}: the MLP's options; {named} has its own sizes, give --plan")
+    cfg = get_model(args.model) if args.model is not None else from_hf_config(args.hf_config, seq=args.seq)
+    if args.megatron is not None:  # the plan, the batch and the sequence, as the launch gives them
+        for flag in ("batch_tokens", "seq"):
+            if getattr(args, flag) is not None:
+                raise CommandLineError(f"--{flag.replace('_', '-')}: --megatron gives it (--global-batch-size ...)")
+        if args.chips is None:
+            raise CommandLineError("--megatron needs --chips, the world size its degrees divide")
+        launch = from_megatron(args.megatron, world_size=args.chips, model=cfg)
+        args.plan, args.batch_tokens, args.seq = str(launch.plan), launch.batch_tokens, launch.seq
     if args.batch_tokens is None:
         raise CommandLineError(f"{named.split()[0]} needs --batch-tokens, the global batch in tokens (e.g. 16M)")
-    cfg = get_model(args.model) if args.model is not None else from_hf_config(args.hf_config, seq=args.seq)
     plan = Plan.parse(args.plan) if args.plan else Plan(dp=args.chips or 1)
     hw = _hardware(args)
     _check_png(args.png)

@@ -6,7 +6,8 @@ Hugging Face ``config.json``, :func:`~shardsim.models.hf.from_hf_config`), ``--h
 batch; ``K`` and ``G`` alike), ``--seq``, ``--fix tp=8,pp=16`` (plan fields held fixed),
 ``--allow dp,zero,tp,sp,pp`` (the parallelisms that may be used), ``--headroom``,
 ``--efficiency``, ``--policy`` (a byte policy), ``--window``, ``--top``; ``--json`` prints
-every figure. A counter runs on stderr while it searches, when stderr is a terminal. Errors are one line (exit code 2).
+every figure; ``--emit megatron`` the best plan as Megatron-LM's flags. A counter runs on
+stderr while it searches, when stderr is a terminal. Errors are one line (exit code 2).
 
 >>> import argparse
 >>> p = argparse.ArgumentParser()
@@ -24,11 +25,13 @@ gpt-tiny on 2 h100, 64 tokens per step (4 x 16): ...
 from __future__ import annotations
 
 import argparse
+import shlex
 from typing import Any
 
 from ..cost.defaults import HARDWARE
 from ..cost.units import token_count  # the library reads batch_tokens="16M" with it too
 from ..errors import CommandLineError
+from ..frameworks.megatron import Launch, to_megatron
 from ..models.hf import from_hf_config
 from ..models.presets import names as model_names
 from ..planner.search import plan
@@ -54,6 +57,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=float, default=0.15, help="keep plans within this fraction of the best")
     parser.add_argument("--top", type=count("columns"), default=10, help="rows to print (default 10)")
     parser.add_argument("--json", action="store_true", help="print every figure as JSON")
+    parser.add_argument(
+        "--emit", choices=("megatron",), help="also print the best plan as that framework's launch flags"
+    )
 
 
 @subcommand(
@@ -76,6 +82,10 @@ def cli_plan(args: argparse.Namespace) -> int:
         print(table.to_json(args.top))
     else:
         print(table.text(args.top))
+    if args.emit == "megatron":
+        best = table.best
+        launch = Launch(best.plan, best.candidate.micro, best.candidate.batch, table.seq)
+        print(shlex.join(to_megatron(launch)))
     return 0
 
 
