@@ -84,6 +84,9 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
         "--megatron",
         help="Megatron-LM's flags in quotes instead of --plan, --batch-tokens and --seq (the world size is --chips)",
     )
+    plan.add_argument(
+        "--deepspeed", help="a DeepSpeed JSON configuration instead of --plan and --batch-tokens (with --chips, --seq)"
+    )
     model.add_argument(
         "--batch-tokens",
         type=tokens_type,
@@ -199,6 +202,7 @@ def cli_estimate(args: argparse.Namespace) -> int:
 def cli_model_estimate(args: argparse.Namespace) -> int:
     """``shardsim estimate --model M --plan P``: the model's summary, its time line, optional
     breakdown, PNG and Chrome trace; ``--json`` the record :func:`model_record` gives."""
+    from ..frameworks.deepspeed import from_deepspeed
     from ..frameworks.megatron import from_megatron
     from ..models import get as get_model
     from ..models.hf import from_hf_config
@@ -219,6 +223,13 @@ def cli_model_estimate(args: argparse.Namespace) -> int:
             raise CommandLineError("--megatron needs --chips, the world size its degrees divide")
         launch = from_megatron(args.megatron, world_size=args.chips, model=cfg)
         args.plan, args.batch_tokens, args.seq = str(launch.plan), launch.batch_tokens, launch.seq
+    if args.deepspeed is not None:  # the plan and the batch; the sequence is not DeepSpeed's
+        if args.batch_tokens is not None:
+            raise CommandLineError("--batch-tokens: --deepspeed gives it (train_micro_batch_size_per_gpu ...)")
+        if args.chips is None or args.seq is None:
+            raise CommandLineError("--deepspeed needs --chips (the world size) and --seq (the sequence length)")
+        launch = from_deepspeed(args.deepspeed, world_size=args.chips, seq=args.seq)
+        args.plan, args.batch_tokens = str(launch.plan), launch.batch_tokens
     if args.batch_tokens is None:
         raise CommandLineError(f"{named.split()[0]} needs --batch-tokens, the global batch in tokens (e.g. 16M)")
     plan = Plan.parse(args.plan) if args.plan else Plan(dp=args.chips or 1)

@@ -6,7 +6,8 @@ Hugging Face ``config.json``, :func:`~shardsim.models.hf.from_hf_config`), ``--h
 batch; ``K`` and ``G`` alike), ``--seq``, ``--fix tp=8,pp=16`` (plan fields held fixed),
 ``--allow dp,zero,tp,sp,pp`` (the parallelisms that may be used), ``--headroom``,
 ``--efficiency``, ``--policy`` (a byte policy), ``--window``, ``--top``; ``--json`` prints
-every figure; ``--emit megatron`` the best plan as Megatron-LM's flags. A counter runs on
+every figure; ``--emit megatron`` (``deepspeed``) the best plan as Megatron-LM's flags (a
+DeepSpeed JSON configuration). A counter runs on
 stderr while it searches, when stderr is a terminal. Errors are one line (exit code 2).
 
 >>> import argparse
@@ -25,13 +26,16 @@ gpt-tiny on 2 h100, 64 tokens per step (4 x 16): ...
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 from typing import Any
 
 from ..cost.defaults import HARDWARE
 from ..cost.units import token_count  # the library reads batch_tokens="16M" with it too
 from ..errors import CommandLineError
-from ..frameworks.megatron import Launch, to_megatron
+from ..frameworks.deepspeed import to_deepspeed
+from ..frameworks.launch import Launch
+from ..frameworks.megatron import to_megatron
 from ..models.hf import from_hf_config
 from ..models.presets import names as model_names
 from ..planner.search import plan
@@ -58,7 +62,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=count("columns"), default=10, help="rows to print (default 10)")
     parser.add_argument("--json", action="store_true", help="print every figure as JSON")
     parser.add_argument(
-        "--emit", choices=("megatron",), help="also print the best plan as that framework's launch flags"
+        "--emit", choices=("megatron", "deepspeed"), help="also print the best plan as that framework's configuration"
     )
 
 
@@ -82,10 +86,10 @@ def cli_plan(args: argparse.Namespace) -> int:
         print(table.to_json(args.top))
     else:
         print(table.text(args.top))
-    if args.emit == "megatron":
+    if args.emit is not None:
         best = table.best
         launch = Launch(best.plan, best.candidate.micro, best.candidate.batch, table.seq)
-        print(shlex.join(to_megatron(launch)))
+        print(shlex.join(to_megatron(launch)) if args.emit == "megatron" else json.dumps(to_deepspeed(launch)))
     return 0
 
 

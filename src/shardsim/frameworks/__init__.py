@@ -1,12 +1,16 @@
 """The frameworks people train with: their launch configurations read as plans, and written back.
 
 :mod:`.megatron`: Megatron-LM's parallelism flags (:func:`~.megatron.from_megatron`,
-:func:`~.megatron.to_megatron`). A model's Hugging Face ``config.json`` is
+:func:`~.megatron.to_megatron`); :mod:`.deepspeed`: DeepSpeed's JSON configuration
+(:func:`~.deepspeed.from_deepspeed`, :func:`~.deepspeed.to_deepspeed`); each gives a
+:class:`~.launch.Launch`, the plan with its batch. A model's Hugging Face ``config.json`` is
 :func:`shardsim.models.from_hf_config`'s.
 """
 
 from __future__ import annotations
 
-from .megatron import Launch, from_megatron, to_megatron
+from .deepspeed import from_deepspeed, to_deepspeed
+from .launch import Launch
+from .megatron import from_megatron, to_megatron
 
-__all__ = ["Launch", "from_megatron", "to_megatron"]
+__all__ = ["Launch", "from_deepspeed", "from_megatron", "to_deepspeed", "to_megatron"]

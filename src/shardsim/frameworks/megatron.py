@@ -37,28 +37,12 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PlanError
 from ..models import TransformerConfig
 from ..plans import Plan
-
-
-@dataclass(frozen=True)
-class Launch:
-    """A plan with the batch it runs: ``micro_batch`` sequences per microbatch per data rank,
-    ``global_batch`` sequences a step, of ``seq`` tokens."""
-
-    plan: Plan
-    micro_batch: int
-    global_batch: int
-    seq: int
-
-    @property
-    def batch_tokens(self) -> int:
-        return self.global_batch * self.seq
-
+from .launch import Launch
 
 #: Flag prefixes that leave one training step's program as it is (read past).
 INERT = (
@@ -275,4 +259,4 @@ def _attention(flags: dict[str, str | None], cp: int) -> dict[str, Any]:
     return out
 
 
-__all__ = ["INERT", "MODEL", "Launch", "from_megatron", "to_megatron"]
+__all__ = ["INERT", "MODEL", "from_megatron", "to_megatron"]
