@@ -87,6 +87,10 @@ def add_estimate_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument(
         "--deepspeed", help="a DeepSpeed JSON configuration instead of --plan and --batch-tokens (with --chips, --seq)"
     )
+    plan.add_argument(
+        "--torchtitan",
+        help="a torchtitan TOML job configuration instead of --plan, --batch-tokens and --seq (with --chips)",
+    )
     model.add_argument(
         "--batch-tokens",
         type=tokens_type,
@@ -204,6 +208,7 @@ def cli_model_estimate(args: argparse.Namespace) -> int:
     breakdown, PNG and Chrome trace; ``--json`` the record :func:`model_record` gives."""
     from ..frameworks.deepspeed import from_deepspeed
     from ..frameworks.megatron import from_megatron
+    from ..frameworks.torchtitan import from_torchtitan
     from ..models import get as get_model
     from ..models.hf import from_hf_config
 
@@ -222,6 +227,14 @@ def cli_model_estimate(args: argparse.Namespace) -> int:
         if args.chips is None:
             raise CommandLineError("--megatron needs --chips, the world size its degrees divide")
         launch = from_megatron(args.megatron, world_size=args.chips, model=cfg)
+        args.plan, args.batch_tokens, args.seq = str(launch.plan), launch.batch_tokens, launch.seq
+    if args.torchtitan is not None:  # the plan, the batch and the sequence, as the job gives them
+        for flag in ("batch_tokens", "seq"):
+            if getattr(args, flag) is not None:
+                raise CommandLineError(f"--{flag.replace('_', '-')}: --torchtitan gives it ([training] ...)")
+        if args.chips is None:
+            raise CommandLineError("--torchtitan needs --chips, the world size its degrees divide")
+        launch = from_torchtitan(args.torchtitan, world_size=args.chips, layers=cfg.layers)
         args.plan, args.batch_tokens, args.seq = str(launch.plan), launch.batch_tokens, launch.seq
     if args.deepspeed is not None:  # the plan and the batch; the sequence is not DeepSpeed's
         if args.batch_tokens is not None:

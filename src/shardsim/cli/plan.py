@@ -6,8 +6,8 @@ Hugging Face ``config.json``, :func:`~shardsim.models.hf.from_hf_config`), ``--h
 batch; ``K`` and ``G`` alike), ``--seq``, ``--fix tp=8,pp=16`` (plan fields held fixed),
 ``--allow dp,zero,tp,sp,pp`` (the parallelisms that may be used), ``--headroom``,
 ``--efficiency``, ``--policy`` (a byte policy), ``--window``, ``--top``; ``--json`` prints
-every figure; ``--emit megatron`` (``deepspeed``) the best plan as Megatron-LM's flags (a
-DeepSpeed JSON configuration). A counter runs on
+every figure; ``--emit megatron`` (``deepspeed``, ``torchtitan``) the best plan as Megatron-LM's
+flags (a DeepSpeed JSON configuration, a torchtitan TOML). A counter runs on
 stderr while it searches, when stderr is a terminal. Errors are one line (exit code 2).
 
 >>> import argparse
@@ -36,6 +36,7 @@ from ..errors import CommandLineError
 from ..frameworks.deepspeed import to_deepspeed
 from ..frameworks.launch import Launch
 from ..frameworks.megatron import to_megatron
+from ..frameworks.torchtitan import to_torchtitan
 from ..models.hf import from_hf_config
 from ..models.presets import names as model_names
 from ..planner.search import plan
@@ -62,7 +63,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=count("columns"), default=10, help="rows to print (default 10)")
     parser.add_argument("--json", action="store_true", help="print every figure as JSON")
     parser.add_argument(
-        "--emit", choices=("megatron", "deepspeed"), help="also print the best plan as that framework's configuration"
+        "--emit",
+        choices=("megatron", "deepspeed", "torchtitan"),
+        help="also print the best plan as that framework's configuration",
     )
 
 
@@ -89,7 +92,12 @@ def cli_plan(args: argparse.Namespace) -> int:
     if args.emit is not None:
         best = table.best
         launch = Launch(best.plan, best.candidate.micro, best.candidate.batch, table.seq)
-        print(shlex.join(to_megatron(launch)) if args.emit == "megatron" else json.dumps(to_deepspeed(launch)))
+        if args.emit == "megatron":
+            print(shlex.join(to_megatron(launch)))
+        elif args.emit == "deepspeed":
+            print(json.dumps(to_deepspeed(launch)))
+        else:
+            print(to_torchtitan(launch), end="")
     return 0
 
 
