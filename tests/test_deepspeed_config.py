@@ -114,7 +114,7 @@ def test_the_cli_reads_and_writes_the_configuration(capsys: pytest.CaptureFixtur
     )
     assert json.loads(capsys.readouterr().out)["step_s"] == by_config["step_s"]
     assert main(["estimate", "--model", "llama-tiny", "--chips", "4", "--deepspeed", str(path)]) == 2
-    assert "--deepspeed needs --chips (the world size) and --seq" in capsys.readouterr().err
+    assert "--deepspeed needs --seq (the sequence length)" in capsys.readouterr().err
     search = ["--model", "gpt-tiny", "--hardware", "h100", "--chips", "2", "--batch-tokens", "64", "--seq", "16"]
     assert main(["plan", *search, "--allow", "dp,zero", "--top", "1", "--emit", "deepspeed"]) == 0
     written = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

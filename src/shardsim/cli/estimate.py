@@ -206,9 +206,6 @@ def cli_estimate(args: argparse.Namespace) -> int:
 def cli_model_estimate(args: argparse.Namespace) -> int:
     """``shardsim estimate --model M --plan P``: the model's summary, its time line, optional
     breakdown, PNG and Chrome trace; ``--json`` the record :func:`model_record` gives."""
-    from ..frameworks.deepspeed import from_deepspeed
-    from ..frameworks.megatron import from_megatron
-    from ..frameworks.torchtitan import from_torchtitan
     from ..models import get as get_model
     from ..models.hf import from_hf_config
 
@@ -220,29 +217,7 @@ def cli_model_estimate(args: argparse.Namespace) -> int:
         flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
         raise CommandLineError(f"{flags}: the MLP's options; {named} has its own sizes, give --plan")
     cfg = get_model(args.model) if args.model is not None else from_hf_config(args.hf_config, seq=args.seq)
-    if args.megatron is not None:  # the plan, the batch and the sequence, as the launch gives them
-        for flag in ("batch_tokens", "seq"):
-            if getattr(args, flag) is not None:
-                raise CommandLineError(f"--{flag.replace('_', '-')}: --megatron gives it (--global-batch-size ...)")
-        if args.chips is None:
-            raise CommandLineError("--megatron needs --chips, the world size its degrees divide")
-        launch = from_megatron(args.megatron, world_size=args.chips, model=cfg)
-        args.plan, args.batch_tokens, args.seq = str(launch.plan), launch.batch_tokens, launch.seq
-    if args.torchtitan is not None:  # the plan, the batch and the sequence, as the job gives them
-        for flag in ("batch_tokens", "seq"):
-            if getattr(args, flag) is not None:
-                raise CommandLineError(f"--{flag.replace('_', '-')}: --torchtitan gives it ([training] ...)")
-        if args.chips is None:
-            raise CommandLineError("--torchtitan needs --chips, the world size its degrees divide")
-        launch = from_torchtitan(args.torchtitan, world_size=args.chips, layers=cfg.layers)
-        args.plan, args.batch_tokens, args.seq = str(launch.plan), launch.batch_tokens, launch.seq
-    if args.deepspeed is not None:  # the plan and the batch; the sequence is not DeepSpeed's
-        if args.batch_tokens is not None:
-            raise CommandLineError("--batch-tokens: --deepspeed gives it (train_micro_batch_size_per_gpu ...)")
-        if args.chips is None or args.seq is None:
-            raise CommandLineError("--deepspeed needs --chips (the world size) and --seq (the sequence length)")
-        launch = from_deepspeed(args.deepspeed, world_size=args.chips, seq=args.seq)
-        args.plan, args.batch_tokens = str(launch.plan), launch.batch_tokens
+    _read_launch(args, cfg)
     if args.batch_tokens is None:
         raise CommandLineError(f"{named.split()[0]} needs --batch-tokens, the global batch in tokens (e.g. 16M)")
     plan = Plan.parse(args.plan) if args.plan else Plan(dp=args.chips or 1)
@@ -273,6 +248,33 @@ def cli_model_estimate(args: argparse.Namespace) -> int:
         _png(lambda: est.timeline.plot(), args.png, quiet=args.json or args.csv)
     write_chrome_trace_option({str(est.plan): est.timeline}, args.chrome_trace, quiet=args.json or args.csv)
     return 0
+
+
+def _read_launch(args: argparse.Namespace, cfg: Any) -> None:
+    """``--megatron``, ``--torchtitan`` or ``--deepspeed``: the plan, the batch and the sequence
+    set on ``args`` as the launch's configuration gives them (DeepSpeed's gives no sequence)."""
+    from ..frameworks import from_deepspeed, from_megatron, from_torchtitan
+
+    readers: dict[str, tuple[Any, tuple[str, ...]]] = {
+        "megatron": (lambda: from_megatron(args.megatron, world_size=args.chips, model=cfg), ("batch_tokens", "seq")),
+        "torchtitan": (
+            lambda: from_torchtitan(args.torchtitan, world_size=args.chips, layers=cfg.layers),
+            ("batch_tokens", "seq"),
+        ),
+        "deepspeed": (lambda: from_deepspeed(args.deepspeed, world_size=args.chips, seq=args.seq), ("batch_tokens",)),
+    }
+    for name, (read, gives) in readers.items():
+        if getattr(args, name) is None:
+            continue
+        for flag in gives:
+            if getattr(args, flag) is not None:
+                raise CommandLineError(f"--{flag.replace('_', '-')}: --{name} gives it, from its own configuration")
+        needs = {"chips": "--chips (the world size)", "seq": "--seq (the sequence length)"}
+        missing = [text for key, text in needs.items() if key not in gives and getattr(args, key) is None]
+        if missing:
+            raise CommandLineError(f"--{name} needs {' and '.join(missing)}")
+        launch = read()
+        args.plan, args.batch_tokens, args.seq = str(launch.plan), launch.batch_tokens, launch.seq
 
 
 def model_record(e: Any, train_tokens: int | None = None) -> dict[str, Any]:

@@ -46,12 +46,12 @@ _INERT = frozenset({
     "return_dict", "problem_type", "tokenizer_class", "prefix", "decoder_start_token_id",
     "is_encoder_decoder", "bad_words_ids", "forced_bos_token_id", "forced_eos_token_id",
 })  # fmt: skip
+# GPT-2's sequence-classification head's fields, an alias of n_positions, and an upcast that
+# changes rounding only
 _GPT2_INERT = frozenset({
     "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-    "summary_first_dropout", "n_ctx", "reorder_and_upcast_attn", "scale_attn_weights",
-    "scale_attn_by_inverse_layer_idx", "use_return_dict",
+    "summary_first_dropout", "n_ctx", "reorder_and_upcast_attn", "use_return_dict",
 })  # fmt: skip
-_LLAMA_INERT = frozenset({"pretraining_tp", "head_dim", "attention_dropout", "mlp_bias", "attention_bias"})
 
 
 def from_hf_config(
@@ -218,7 +218,8 @@ def _llama(fields: Mapping[str, Any], where: str, dropout: float | None) -> dict
     _refuse_unknown(fields, {
         "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
         "vocab_size", "max_position_embeddings", "rope_theta", "rms_norm_eps", "hidden_act", "tie_word_embeddings",
-        "sliding_window", "rope_scaling", "max_window_layers", "use_sliding_window", *_LLAMA_INERT,
+        "sliding_window", "rope_scaling", "max_window_layers", "use_sliding_window", "pretraining_tp", "head_dim",
+        "attention_dropout", "mlp_bias", "attention_bias",
     }, where)  # fmt: skip
     if fields.get("use_sliding_window"):
         raise ConfigError(f"{where}: use_sliding_window=true: sliding-window attention is not implemented")
@@ -260,7 +261,8 @@ def _gpt2(fields: Mapping[str, Any], where: str, dropout: float | None) -> dict[
         )
     _refuse_unknown(fields, {
         "n_embd", "n_inner", "n_layer", "n_head", "vocab_size", "n_positions", "layer_norm_epsilon",
-        "activation_function", "resid_pdrop", "attn_pdrop", "embd_pdrop", "tie_word_embeddings", *_GPT2_INERT,
+        "activation_function", "resid_pdrop", "attn_pdrop", "embd_pdrop", "tie_word_embeddings",
+        "scale_attn_weights", "scale_attn_by_inverse_layer_idx", *_GPT2_INERT,
     }, where)  # fmt: skip
     d_model = _need(fields, "n_embd", where)
     return {
