@@ -64,6 +64,7 @@ def test_every_data_parallel_plan_survives_the_round_trip(
         ({"train_batch_size": 100}, "train_batch_size=100 is not .* = 4 x 2 x 32"),
         ({"train_micro_batch_size_per_gpu": "auto"}, "'auto': give the number"),
         ({"optimizer": {"type": "Lamb"}}, "optimizer.type='Lamb'"),
+        ({"optimizer": "Adam"}, "optimizer='Adam': a JSON object with its type"),
         ({"fp16": {"enabled": True}}, "bf16 and fp16 both enabled"),
         ({"activation_checkpointing": {"partition_activations": True}}, "set the plan's recompute="),
         ({"pipeline": {"stages": 4}}, "pipeline: not DeepSpeed keys shardsim reads"),

@@ -330,3 +330,18 @@ def test_bounds_hold_at_real_sizes(text, micro):
     assert stage_bound(_REAL.model, c, _REAL.compute_per_layer(plan, micro)) <= est.step_s * (1 + 1e-9)
     if plan.pp > 1:
         assert stage_memory_bound(_REAL.model, c, lay) <= est.memory["total"]
+
+
+def test_a_pipelined_memory_bound_counts_the_gradients_beside_the_stash():
+    """Under 1F1B with more microbatches than stages the first stage runs a forward after its
+    first backward: its gradients live beside the stash, so the bound counts the traced layer's
+    weights, gradients and optimizer state and the stash of all but one chunk in flight, and
+    stays under the traced pipeline's memory."""
+    plan = Plan.parse("dp=2,tp=8,pp=2,microbatches=4,recompute=full")
+    c = Candidate(plan, micro=1, batch=8)
+    lay = _REAL.layer(plan, 1)
+    state = sum(lay.state_at(k, 3) - lay.state_at(k, 2) for k in ("params", "grads", "optimizer"))
+    stash = lay.bytes_at("activations", 3) - lay.bytes_at("activations", 2)
+    n = 16  # 32 layers on two stages; the first holds p = 2 microbatches at once (Narayanan et al.)
+    assert stage_memory_bound(_REAL.model, c, lay) == n * state + (2 - 1) * n * stash
+    assert stage_memory_bound(_REAL.model, c, lay) <= evaluate(_REAL, c).memory["total"]

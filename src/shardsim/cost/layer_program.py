@@ -311,9 +311,10 @@ class LayerCache:
     def compute_per_layer(self, plan: Plan, micro: int) -> float:
         """Seconds of one layer's forward and backward (recomputation in it) on the busiest
         chips' compute stream, from the traces at one and two layers: the same on every
-        placement, and no more than the layer's time on any (its collectives only add waits;
-        :func:`~shardsim.cost.timeline.compute_seconds`). A candidate it rules out needs no
-        time line of its own placement.
+        placement (:func:`~shardsim.cost.timeline.compute_seconds`). The layer's time on a
+        placement adds the waits for its collectives, so the planner bounds a step by this
+        before it times the layer there (the bound tests hold it under every traced step). A
+        candidate it rules out needs no time line of its own placement.
 
         >>> from shardsim.models import get
         >>> cache = LayerCache(get("gpt-tiny"), "h100", seq=16)

@@ -66,7 +66,7 @@ def from_deepspeed(source: str | os.PathLike[str] | Mapping[str, Any], *, world_
     ``world_size`` GPUs at ``seq`` tokens a sequence (module doc); what it cannot honour is
     refused with a :class:`~shardsim.errors.PlanError` naming the key."""
     config, where = _read(source)
-    for key, value in ((("world_size", world_size)), ("seq", seq)):
+    for key, value in (("world_size", world_size), ("seq", seq)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PlanError(f"{key}={value!r}: a whole number >= 1")
     if config.get("activation_checkpointing"):
@@ -91,9 +91,10 @@ def from_deepspeed(source: str | os.PathLike[str] | Mapping[str, Any], *, world_
     stage = zero.get("stage", 0)
     if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
         raise PlanError(f"{where}: zero_optimization.stage={stage!r}: 0, 1, 2 or 3")
-    optimizer = (
-        config.get("optimizer", {}).get("type", "Adam") if isinstance(config.get("optimizer"), Mapping) else "Adam"
-    )
+    section = config.get("optimizer", {})
+    if not isinstance(section, Mapping):
+        raise PlanError(f"{where}: optimizer={section!r}: a JSON object with its type")
+    optimizer = section.get("type", "Adam")
     if str(optimizer).lower() not in ("adam", "adamw", "fusedadam"):
         raise PlanError(f"{where}: optimizer.type={optimizer!r}: the byte policies here keep Adam's state")
     micro = _count(config, "train_micro_batch_size_per_gpu", where, 1)

@@ -107,20 +107,19 @@ def to_hf_config(cfg: TransformerConfig) -> dict[str, Any]:
             f"{cfg.name or 'model'}: experts={cfg.experts}: no Hugging Face family here has GShard's GELU experts"
         )
     if cfg.mlp == "swiglu" and cfg.norm == "rmsnorm" and cfg.position == "rope" and not cfg.bias:
-        out: dict[str, Any] = {
-            "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": cfg.d_model,
-            "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.layers, "num_attention_heads": cfg.heads,
-            "num_key_value_heads": cfg.n_kv, "head_dim": cfg.hd, "vocab_size": cfg.vocab,
-            "max_position_embeddings": cfg.seq, "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.norm_eps,
-            "hidden_act": "silu", "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False,
-            "mlp_bias": False, "attention_dropout": cfg.dropout, "rope_scaling": None,
-        }  # fmt: skip
         if cfg.dropout:
             raise ConfigError(
                 f"{cfg.name or 'model'}: dropout={cfg.dropout}: a llama config drops out the attention probabilities "
                 "only; use dropout=0.0"
             )
-        return out
+        return {
+            "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": cfg.d_model,
+            "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.layers, "num_attention_heads": cfg.heads,
+            "num_key_value_heads": cfg.n_kv, "head_dim": cfg.hd, "vocab_size": cfg.vocab,
+            "max_position_embeddings": cfg.seq, "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.norm_eps,
+            "hidden_act": "silu", "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False,
+            "mlp_bias": False, "attention_dropout": 0.0, "rope_scaling": None,
+        }  # fmt: skip
     if cfg.mlp == "gelu" and cfg.norm == "layernorm" and cfg.position == "learned" and cfg.bias:
         if not cfg.tie_embeddings or cfg.hd * cfg.heads != cfg.d_model or cfg.n_kv != cfg.heads:
             raise ConfigError(

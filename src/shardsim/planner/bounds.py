@@ -155,8 +155,8 @@ def in_flight(schedule: str, p: int, m: int, v: int) -> tuple[int, int]:
     >>> in_flight("1f1b", 4, 8, 1), in_flight("1f1b", 4, 4, 1), in_flight("gpipe", 4, 8, 1)
     ((4, 4), (4, 1), (8, 0))
     """
-    schedule_ = make(schedule, p, m, v)
-    orders, counts = schedule_.orders(), schedule_.in_flight()
+    items = make(schedule, p, m, v)
+    orders, counts = items.orders(), items.in_flight()
     held, after = 0, 0
     for stage in sorted({0, p - 1}):
         held = max(held, max(counts[stage]))

@@ -322,13 +322,12 @@ def _walk(
             rejected.extend(Rejection(c2, "bound", b2 / best - 1, b2 * c2.tokens(seq)) for b2, c2 in ranked[i:])
             break
         try:
-            # the traced layer bounds the step before it is timed on the candidate's placement
-            # (its compute alone), and again once it is (its time), before the schedule's clock runs
+            # the traced layer bounds the step before it is timed on the candidate's placement (its
+            # compute alone) and, in a pipeline, again once it is (its time) before the schedule's clock runs
             lb = stage_bound(cfg, c, cache.compute_per_layer(c.plan, c.micro)) / c.tokens(seq)
-            if lb < best * (1 + window):
-                lay = cache.layer(c.plan, c.micro, c.order)
-                per = lay.per_layer
-                lb = stage_bound(cfg, c, per.fwd + per.bwd) / c.tokens(seq) if c.plan.pp > 1 else lb
+            if c.plan.pp > 1 and lb < best * (1 + window):
+                per = cache.layer(c.plan, c.micro, c.order).per_layer
+                lb = stage_bound(cfg, c, per.fwd + per.bwd) / c.tokens(seq)
             if lb >= best * (1 + window):
                 rejected.append(Rejection(c, "bound", lb / best - 1, lb * c.tokens(seq)))
                 continue
@@ -337,6 +336,7 @@ def _walk(
             if step / c.tokens(seq) > best * (1 + window):
                 rejected.append(Rejection(c, "bound", step / c.tokens(seq) / best - 1, step))
                 continue
+            lay = cache.layer(c.plan, c.micro, c.order)
             if c.plan.pp > 1 and (need := stage_memory_bound(cfg, c, lay)) > usable:  # before the probe
                 rejected.append(Rejection(c, "memory", need - usable, None))
                 continue
