@@ -4,7 +4,9 @@ Degrees: ``dp`` (data parallel), ``tp`` (tensor parallel), ``pp`` (pipeline stag
 (expert parallel), ``cp`` (context parallel); ``zero`` is the ZeRO stage over the data axis
 (0 plain DDP, 1 optimizer state, 2 + gradients, 3 + weights = FSDP); ``sp`` turns on
 Megatron sequence parallelism inside the tensor-parallel group; ``schedule``,
-``microbatches`` and ``virtual_stages`` describe the pipeline; ``cp_method`` is the context-parallel
+``microbatches`` and ``virtual_stages`` describe the pipeline (the zero-bubble schedules
+``zb-h1`` and ``zb-h2`` split each backward into the input's gradient and a later pass
+for the weights'); ``cp_method`` is the context-parallel
 attention (``ring`` or ``all_gather``) and ``cp_balanced`` its causal load balancing (the
 zigzag order of :func:`shardsim.strategies.context.balanced_order`; False: contiguous blocks); ``attention`` is
 the attention kernel without context parallelism (``flash``, the default: FlashAttention's
@@ -41,7 +43,8 @@ from .mesh import Mesh
 ROLES = ("data", "pipe", "context", "expert", "model")  # mesh order: the tensor-parallel axis innermost
 DEGREE = {"data": "dp", "pipe": "pp", "context": "cp", "expert": "ep", "model": "tp"}
 _AXIS_NAMES_SEEN: set[str] = set()  # axis names a Mesh has accepted: plans are built by the thousand
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
+ZERO_BUBBLE = ("zb-h1", "zb-h2")  # the schedules that split the backward into B and a later W
 CP_METHODS = ("ring", "all_gather")
 ATTENTION = ("standard", "flash")
 RECOMPUTE = ("none", "selective", "full")

@@ -24,6 +24,10 @@ dOut) and ``enter``'s is ``leave`` (ReduceScatter / AllReduce of dA), so TP does
 AllReduce per half-block each way, TP+SP one AllGather and one ReduceScatter. Weight
 gradients are sums over the chip's tokens: partial over the data axis, reduced by the caller.
 
+Split backward (the zero-bubble schedules, :mod:`.weight_pass`): each ``X^T dY`` above is
+kept with its two operands and run in the later W pass, the sequence-parallel AllGather of
+``A`` or ``Cn`` it reads with it; the rest is the backward as written.
+
 Recomputation: ``selective`` stores Q, K, V but not P, its dropout mask or Pd, and
 recomputes steps 5-6 of attention in the backward pass (trace phase ``recompute``): Q K^T,
 the softmax, the dropout and the product with V, the core-attention forward Megatron-LM reruns;
@@ -40,6 +44,8 @@ pass recomputes each tile's probabilities, so ``selective`` has nothing more to 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from functools import partial
 
 from ..array import ShardedArray
 from ..ops import activation, activation_grad
@@ -62,6 +68,7 @@ from .local import (
     split_heads,
 )
 from .step import Step
+from .weight_pass import WeightGrads
 
 Saved = dict[str, ShardedArray]
 Grads = dict[str, ShardedArray]
@@ -88,6 +95,19 @@ def _linear(x: ShardedArray, step: Step, key: str, bias: str | None, label: str)
 def _weight_grad(inp: ShardedArray, dout: ShardedArray, label: str) -> ShardedArray:
     """``inp^T @ dOut`` summed over every token: ``[T, X]^T @ [T, Y]`` (partial over the data axis)."""
     return (flat_tokens(inp).T @ flat_tokens(dout)).named(label)
+
+
+def _one_weight_grad(key: str, inp: ShardedArray, dout: ShardedArray, label: str) -> dict[str, ShardedArray]:
+    return {key: _weight_grad(inp, dout, label)}
+
+
+def _input_weight_grads(
+    step: Step, x: ShardedArray, label: str, douts: Sequence[tuple[str, str, ShardedArray]]
+) -> dict[str, ShardedArray]:
+    """The W pass of the matmuls that read one input ``x``: ``x`` entered (SP: gathered) once,
+    then ``x^T dOut`` for each ``(key, label, dOut)``."""
+    full = step.enter(x, label)
+    return {key: step.over_model(_weight_grad(full, d, name)) for key, name, d in douts}
 
 
 def _norm_keys(step: Step, prefix: str) -> tuple[ShardedArray, ShardedArray | None]:
@@ -152,13 +172,13 @@ def attention_forward(step: Step, i: int, x: ShardedArray) -> tuple[ShardedArray
     return out, saved
 
 
-def attention_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> tuple[ShardedArray, Grads]:
+def attention_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> tuple[ShardedArray, WeightGrads]:
     cfg, pre = step.cfg, f"layers.{i}"
-    grads: Grads = {}
+    grads = WeightGrads(step.roles.split_backward)
     dy = step.enter(step.drop(dout, saved.get("mask attn_out")), "dAttn out")  # 9-8. ḡ backward
     if step.has(f"{pre}.attn.bo"):
         grads[f"{pre}.attn.bo"] = step.token_sum(dy, "dbo")
-    grads[f"{pre}.attn.wo"] = _weight_grad(saved["C"], dy, "dWo")  # 7.
+    grads.later(partial(_one_weight_grad, f"{pre}.attn.wo", saved["C"], dy, "dWo"))  # 7.
     dc = split_heads((dy @ step.w(f"{pre}.attn.wo").T).named("dC"), cfg.heads)  # [B, S, N_Y, H]
     del dy
     q, k, v = saved["Q"], saved["K"], saved["V"]
@@ -172,18 +192,22 @@ def attention_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> 
     if cfg.position == "rope":  # 4.
         dq = rope(dq, cfg.rope_theta, inverse=True, positions=step.positions)
         dk = rope(dk, cfg.rope_theta, inverse=True, positions=step.positions)
-    a_full = step.enter(saved["A"], "A")  # SP stored A split: AllGather it again
+    a_full = None if grads.split else step.enter(saved["A"], "A")  # SP stored A split: AllGather it again
     da = None
     merged = [merge_heads(dq).named("dQ"), merge_heads(dk, "KH").named("dK"), merge_heads(dv, "KH").named("dV")]
     if step.roles.kv_copies > 1:  # each chip's KV-head copy back into the head's columns: {U_Y}
         assert step.roles.model is not None
         merged[1:] = [place_kv(d, step.roles.kv_copies, step.roles.model, cfg.n_kv) for d in merged[1:]]
     for name, d in zip("qkv", merged):  # 3.
-        grads[f"{pre}.attn.w{name}"] = step.over_model(_weight_grad(a_full, d, f"dW{name}"))
+        if a_full is not None:
+            grads[f"{pre}.attn.w{name}"] = step.over_model(_weight_grad(a_full, d, f"dW{name}"))
         if step.has(f"{pre}.attn.b{name}"):
             grads[f"{pre}.attn.b{name}"] = step.token_sum(d, f"db{name}")
         term = d @ step.w(f"{pre}.attn.w{name}").T
         da = term if da is None else da + term
+    if grads.split:
+        douts = [(f"{pre}.attn.w{name}", f"dW{name}", d) for name, d in zip("qkv", merged)]
+        grads.later(partial(_input_weight_grads, step, saved["A"], "A", douts))
     del a_full, dq, dk, dv, merged
     assert da is not None
     da = step.leave(da, "dA")  # 2. g backward: AllReduce / ReduceScatter
@@ -252,22 +276,28 @@ def mlp_forward(step: Step, i: int, x: ShardedArray) -> tuple[ShardedArray, Save
     return (x + step.drop(y, mask)).named("x"), saved  # 7.
 
 
-def mlp_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> tuple[ShardedArray, Grads]:
+def mlp_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> tuple[ShardedArray, WeightGrads]:
     if step.cfg.experts:
-        return moe_block.backward(step, i, saved, dout)
+        dx, g = moe_block.backward(step, i, saved, dout)
+        moe = WeightGrads(step.roles.split_backward)
+        moe.update(g)  # the experts' gradients come out of the All-to-All backward: in B
+        return dx, moe
     cfg, pre = step.cfg, f"layers.{i}.mlp"
-    grads: Grads = {}
+    grads = WeightGrads(step.roles.split_backward)
     dz = step.enter(step.drop(dout, saved.get("mask mlp_out")), "dMLP out")  # 7-6.
     out_w, out_b = (f"{pre}.w_out", f"{pre}.b_out") if cfg.mlp == "gelu" else (f"{pre}.w_down", f"{pre}.b_down")
     if step.has(out_b):
         grads[out_b] = step.token_sum(dz, f"d{out_b.rsplit('.', 1)[-1]}")
-    grads[out_w] = _weight_grad(saved["H"], dz, "dW_out")  # 5.
+    grads.later(partial(_one_weight_grad, out_w, saved["H"], dz, "dW_out"))  # 5.
     dh = (dz @ step.w(out_w).T).named("dH")
     del dz
-    c_full = step.enter(saved["Cn"], "Cn")
+    c_full = None if grads.split else step.enter(saved["Cn"], "Cn")
+    douts: list[tuple[str, str, ShardedArray]] = []
     if cfg.mlp == "gelu":
         dh_pre = (dh * activation_grad(saved["H_pre"], "gelu")).named("dH_pre")  # 4.
-        grads[f"{pre}.w_in"] = _weight_grad(c_full, dh_pre, "dW_in")  # 3.
+        douts.append((f"{pre}.w_in", "dW_in", dh_pre))
+        if c_full is not None:
+            grads[f"{pre}.w_in"] = _weight_grad(c_full, dh_pre, "dW_in")  # 3.
         if step.has(f"{pre}.b_in"):
             grads[f"{pre}.b_in"] = step.token_sum(dh_pre, "db_in")
         dc = dh_pre @ step.w(f"{pre}.w_in").T
@@ -275,13 +305,17 @@ def mlp_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> tuple[
         gate, up = saved["Gate"], saved["Up"]
         dgate = (dh * up * silu_grad(gate)).named("dGate")
         dup = (dh * silu(gate)).named("dUp")
-        grads[f"{pre}.w_gate"] = _weight_grad(c_full, dgate, "dW_gate")
-        grads[f"{pre}.w_up"] = _weight_grad(c_full, dup, "dW_up")
+        douts += [(f"{pre}.w_gate", "dW_gate", dgate), (f"{pre}.w_up", "dW_up", dup)]
+        if c_full is not None:
+            grads[f"{pre}.w_gate"] = _weight_grad(c_full, dgate, "dW_gate")
+            grads[f"{pre}.w_up"] = _weight_grad(c_full, dup, "dW_up")
         for name, d in (("b_gate", dgate), ("b_up", dup)):
             if step.has(f"{pre}.{name}"):
                 grads[f"{pre}.{name}"] = step.token_sum(d, f"d{name}")
         dc = dgate @ step.w(f"{pre}.w_gate").T + dup @ step.w(f"{pre}.w_up").T
-    del c_full, dh
+    if grads.split:  # the W pass of step 3; the gradients already are over the model axis's own columns
+        grads.later(partial(_input_weight_grads, step, saved["Cn"], "Cn", douts))
+    del c_full, dh, douts
     dc = step.leave(dc, "dCn")  # 2.
     dx = _norm_backward(step, f"layers.{i}.mlp_norm", saved["x"], dc, grads)  # 1.
     return (dout + dx).named("dx"), grads
@@ -295,11 +329,12 @@ def layer_forward(step: Step, i: int, x: ShardedArray) -> tuple[ShardedArray, Sa
     return out, {**{f"attn.{k}": v for k, v in sa.items()}, **{f"mlp.{k}": v for k, v in sm.items()}}
 
 
-def layer_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> tuple[ShardedArray, Grads]:
-    """Block ``i`` backward: MLP then attention; empties ``saved`` as it goes."""
+def layer_backward(step: Step, i: int, saved: Saved, dout: ShardedArray) -> tuple[ShardedArray, WeightGrads]:
+    """Block ``i`` backward: MLP then attention; empties ``saved`` as it goes. Under a split
+    backward the gradients' matmuls are the returned :class:`WeightGrads`' work, for its W pass."""
     sm = {k[4:]: saved.pop(k) for k in list(saved) if k.startswith("mlp.")}
     dx2, gm = mlp_backward(step, i, sm, dout)
     del sm, dout
     sa = {k[5:]: saved.pop(k) for k in list(saved) if k.startswith("attn.")}
     dx, ga = attention_backward(step, i, sa, dx2)
-    return dx, {**ga, **gm}
+    return dx, ga.absorb(gm)

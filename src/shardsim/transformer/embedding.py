@@ -22,6 +22,8 @@ the embedding's backward adds ``dx`` rows into own vocabulary rows (SP: after Al
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from ..array import ShardedArray
@@ -41,6 +43,7 @@ from .local import (
     vocab_max,
 )
 from .step import Step
+from .weight_pass import WeightGrads
 
 SITES = ("max", "sum exp", "target logit")
 
@@ -114,21 +117,35 @@ def loss_value(parts: dict[str, ShardedArray]) -> float:
     return float(np.mean(lse - parts["target logit"].to_global()))
 
 
+def _head_grad(f_full: ShardedArray, dlogits: ShardedArray) -> ShardedArray:
+    return (flat_tokens(f_full).T @ flat_tokens(dlogits)).named("dlm_head")
+
+
+def _head_grads(step: Step, key: str, f: ShardedArray, dlogits: ShardedArray) -> dict[str, ShardedArray]:
+    """The head's W pass: F entered (SP: gathered) again, then ``F^T dLogits``."""
+    return {key: _head_grad(step.enter(f, "F"), dlogits)}
+
+
 def head_backward(
     step: Step, saved: dict[str, ShardedArray], targets: ShardedArray, x_dtype: np.dtype, tokens: int | None = None
-) -> tuple[ShardedArray, dict[str, ShardedArray]]:
-    """``tokens``: the number the loss averages over (default the targets'; a microbatch's is fewer)."""
+) -> tuple[ShardedArray, WeightGrads]:
+    """``tokens``: the number the loss averages over (default the targets'; a microbatch's is fewer).
+    Under a split backward the LM head's gradient is the returned :class:`WeightGrads`' work."""
     r, cfg = step.roles, step.cfg
     probs = saved.pop("Softmax")
     count = tokens if tokens is not None else targets.global_shape[0] * targets.global_shape[1]
     dlogits = minus_onehot(probs, targets, r.model, 1.0 / count)
     del probs
     dlogits = cast(dlogits, x_dtype, label="dLogits")
-    f_full = step.enter(saved.pop("F"), "F")
-    grads: dict[str, ShardedArray] = {}
-    head_grad = (flat_tokens(f_full).T @ flat_tokens(dlogits)).named("dlm_head")  # [D, V_Y]{U_data}
+    grads = WeightGrads(r.split_backward)
+    key = "embed.T" if cfg.tie_embeddings else "lm_head"
+    f_full = None
+    if grads.split:  # the W pass gathers F (SP) and makes the head's gradient [D, V_Y]{U_data}
+        grads.later(partial(_head_grads, step, key, saved.pop("F"), dlogits))
+    else:
+        f_full = step.enter(saved.pop("F"), "F")
+        grads[key] = _head_grad(f_full, dlogits)
     head = step.w("embed").T if cfg.tie_embeddings else step.w("lm_head")
-    grads["embed.T" if cfg.tie_embeddings else "lm_head"] = head_grad
     df = step.leave(dlogits @ head.T, "dF")
     del f_full, dlogits, head
     beta = "final_norm.beta"

@@ -15,6 +15,8 @@ each (Narayanan et al. 2021, §2.2):
         1. dx = the head's backward (the last stage) or the gradient stage k+1 sent
         2. each layer, last first: dx, grads = layer_backward(saved, dx); add the grads up
         3. ppermute pipe -1 (dx) to stage k-1, or the embedding's backward (k = 0)
+    W(virtual stage k, microbatch j), zero-bubble schedules only: each layer's weight-gradient
+        matmuls, which its B kept with their operands (:mod:`.weight_pass`)
 
 Dropout masks are the whole batch's, cut as the batch is cut into microbatches, so the step
 equals the single-device reference. The gradients are reduced over the data axis once, after
@@ -23,6 +25,7 @@ the last microbatch. ``stored`` gives each layer's bytes for microbatch 0 on its
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,6 +48,7 @@ from .placement import compute_dtype, place_tokens, place_weights
 from .result import model_result
 from .roles import Roles
 from .step import Step
+from .weight_pass import WeightGrads
 
 
 class _ModelStage:
@@ -101,6 +105,11 @@ class _ModelStage:
                 with phase("recompute"):
                     saved = layer_forward(step, i, saved["attn.x"])[1]
             return layer_backward(step, i, saved, dx)
+
+    def weights(self, i: int, j: int, pending: Values) -> Values:
+        assert isinstance(pending, WeightGrads)
+        with layer(i) if i >= 0 else contextlib.nullcontext():  # the head's (i = -1) is no layer's
+            return pending.run()
 
     def accumulate(self, layer: int, grads: Values) -> None:
         # the latest gradients stay referenced until the next ones replace them: the ledger's

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plans import Plan
+from ..plans import ZERO_BUBBLE, Plan
 from .local import dim
 
 # dimension names of every weight (by the last part of its key) and which one the model axis splits
@@ -64,6 +64,7 @@ class Roles:
     cp_method: str = "ring"
     expert: str | None = None  # expert parallelism: splits the experts, and the batch outside them
     attention: str = "standard"  # the kernel without a context axis: "standard" or "flash"
+    split_backward: bool = False  # a zero-bubble schedule: the weights' gradients in a later W pass
 
     @classmethod
     def of(cls, plan: Plan, kv_heads: int | None = None) -> Roles:
@@ -82,6 +83,7 @@ class Roles:
             plan.cp_method,
             plan.axis("expert"),
             plan.attention,
+            plan.schedule in ZERO_BUBBLE,
         )
 
     @property

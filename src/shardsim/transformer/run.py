@@ -23,6 +23,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +45,7 @@ from .placement import compute_dtype, place_tokens, place_weights
 from .result import model_result
 from .roles import Roles
 from .step import Step
+from .weight_pass import WeightGrads
 
 ModelResult = RunResult  # the transformer's name for the one result of a step
 
@@ -105,6 +107,9 @@ class _ModelStep:
             return layer_backward(self.step, i, saved, dx)  # type: ignore[arg-type]
 
     def layer_gradients(self, i: int, grads: Mapping[str, ShardedArray]) -> None:
+        if isinstance(grads, WeightGrads) and grads.work:  # a split backward without a pipeline: W right after B
+            with layer(i) if i < self.depth else contextlib.nullcontext():
+                grads = grads.run()
         # a layer's unreduced gradients are let go when the next layer's arrive
         self.held = dict(grads)
         self.grads.add(self.held)

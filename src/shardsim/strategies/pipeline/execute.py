@@ -14,6 +14,9 @@ runs the schedule's items in time order, each on its stage (Narayanan et al. 202
         2. for each layer, last first: g, dW = layer backward(l, stash, g); add dW to the
            stage's gradients; the stash is freed
         3. ppermute Z -1 (g) to stage k-1, or the first stage's input step (dIn, the embedding's gradient)
+    W(virtual stage k, microbatch j), when the schedule splits the backward (zero bubble):
+        the weight-gradient work each layer's B kept, run now (:meth:`Stage.weights`); its
+        gradients are added to the stage's, and what the work held is freed
 
 With ``v`` chunks per stage (interleaved), virtual stage ``k`` is chunk ``k // p`` of stage
 ``k % p`` and sends wrap around the ring from the last stage to the first. After the last item
@@ -68,7 +71,7 @@ class Stage(Protocol):
 
     >>> sorted(name for name in vars(Stage) if not name.startswith("_"))  # doctest: +NORMALIZE_WHITESPACE
     ['accumulate', 'backward_in', 'backward_layer', 'backward_out', 'finish', 'forward_in',
-     'forward_layer', 'forward_out', 'message', 'ready']
+     'forward_layer', 'forward_out', 'message', 'ready', 'weights']
     """
 
     def ready(self) -> bool:
@@ -93,6 +96,11 @@ class Stage(Protocol):
 
     def backward_layer(self, layer: int, j: int, saved: Values, g: ShardedArray) -> tuple[ShardedArray, Values]:
         """One layer's backward from its saved values: the gradient of its input, its weights'."""
+        ...
+
+    def weights(self, layer: int, j: int, pending: Values) -> Values:
+        """A split backward's W: the weight gradients a layer's (or the last stage's, ``layer = -1``)
+        B left as work in ``pending``, made now."""
         ...
 
     def accumulate(self, layer: int, grads: Values) -> None:
@@ -175,6 +183,7 @@ class Pipeline:
         self.todo = sorted(schedule.items)
         self.sent: dict[tuple[str, int, int], ShardedArray] = {}  # (kind, virtual stage, mb) → message
         self.stash: dict[tuple[int, int], list[Values]] = {}  # (virtual stage, mb) → its layers' saved values
+        self.deferred: dict[tuple[int, int], list[tuple[int, Values]]] = {}  # (virtual stage, mb) → its W's work
         self.executed: list[Executed] = []
         self.stash_bytes: list[np.ndarray] = []  # the ledger's stash bytes per chip after each time step
         self.stored: dict[int, np.ndarray] = {}  # model layer → its stored bytes per chip, microbatch 0
@@ -196,7 +205,7 @@ class Pipeline:
                 return False
             self.todo.pop(0)
             with trace() if self.measure else contextlib.nullcontext() as t:
-                (self._forward if it.kind == "F" else self._backward)(stage, it)
+                {"F": self._forward, "B": self._backward, "W": self._weights}[it.kind](stage, it)
             if t is not None:
                 self.executed.append(Executed(it, t.total("flops"), t.total("sent_bytes")))
             if not self.todo or self.todo[0].time != it.time:
@@ -236,19 +245,35 @@ class Pipeline:
         k, j = self.schedule.virtual_stage(it), it.microbatch
         with phase("backward"), self._tagged(f"B{k}.{j}"):
             # 1. the last stage gets dOut of the microbatch, the others what the next stage sent
+            later = self.deferred.setdefault((k, j), []) if self.schedule.split else None
             if k < self.last:
                 g = self.sent.pop(("B", k, j))
             else:
                 g, grads = stage.backward_in(it.stage, j)
-                stage.accumulate(-1, grads)
+                self._add(stage, -1, grads, later)
             kept = self.stash.pop((k, j))
             for layer in reversed(self._layers(k)):  # 2. the layers, last first
                 g, grads = stage.backward_layer(layer, j, kept.pop(), g)
-                stage.accumulate(layer, grads)  # summed over the microbatches
+                self._add(stage, layer, grads, later)  # summed over the microbatches
+            del grads
             if k > 0:  # 3. send back to the previous stage
                 self.sent[("B", k - 1, j)] = ppermute(g.named(stage.message("B", j)), self.pipe, -1)
             else:
                 stage.backward_out(j, g)
+
+    @staticmethod
+    def _add(stage: Stage, layer: int, grads: Values, later: list[tuple[int, Values]] | None) -> None:
+        """Add a B's gradients to the stage's now, or (a split backward) keep them for its W."""
+        if later is None:
+            stage.accumulate(layer, grads)
+        else:
+            later.append((layer, grads))
+
+    def _weights(self, stage: Stage, it: Item) -> None:
+        k, j = self.schedule.virtual_stage(it), it.microbatch
+        with phase("backward"), self._tagged(f"W{k}.{j}"):
+            for layer, pending in self.deferred.pop((k, j)):  # in the order B kept them
+                stage.accumulate(layer, stage.weights(layer, j, pending))
 
     def measured_bubble(self) -> float:
         """Bubble over ideal time from the items as they ran, each taking its FLOPs as time."""
@@ -289,6 +314,12 @@ class PipelineStep:
         w = self.params["w_in"]
         self.chunked = w.ndim == 4  # [C, L_Z, D, F]: v chunks of layers per stage
         layers = w.global_shape[1] if self.chunked else w.global_shape[0]
+        if schedule.split:
+            raise ShardingError(
+                f"the {schedule.name} schedule splits each backward into B and W: the transformer's pipeline "
+                "runs it (run_model with a Plan); an MLP scheme's block backward is one step, run it under "
+                "'1f1b', 'gpipe' or 'interleaved'"
+            )
         if self.chunked and w.global_shape[0] != v:
             raise ShardingError(f"W_in has {w.global_shape[0]} chunks but the schedule runs {v} per stage")
         if layers % p:
@@ -371,6 +402,9 @@ class PipelineStep:
 
     def backward_layer(self, layer: int, j: int, saved: Values, g: ShardedArray) -> tuple[ShardedArray, Values]:
         return self.block_backward(self.ctx, saved, g, self._weights(layer))  # type: ignore[no-any-return]
+
+    def weights(self, layer: int, j: int, pending: Values) -> Values:
+        return pending  # a scheme's block backward makes its weights' gradients in B (no split schedule runs here)
 
     def accumulate(self, layer: int, grads: Values) -> None:
         for name, dw in grads.items():  # summed over the microbatches

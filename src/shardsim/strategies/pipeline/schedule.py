@@ -15,6 +15,17 @@ where a backward costs twice a forward, to measure the bubble:
   an idle fraction of ``(p-1)/(m+p-1)``; GPipe stashes ``m`` microbatches, 1F1B at most ``p``.
 - Interleaved 1F1B: **(p-1)/(v·m)** (requires ``m`` to be a multiple of ``p``).
 
+Zero-bubble schedules (Qi et al. 2024) split the backward in two: ``B``, the gradient of the
+stage's input, which the previous stage waits for, and ``W``, its weights' gradients, which
+nothing waits for and which may run later (``W`` needs its own ``B``). A microbatch's stash is
+held until its ``W``:
+
+- ZB-H1: 1F1B's order with stage ``s``'s ``W`` passes ``s`` microbatches late; bubble
+  ``(p-1)(t_F+t_B-t_W)``, at most ``p`` microbatches held on any stage (1F1B's first stage).
+- ZB-H2: up to ``2p-1`` held, the warm-up's extra forwards and the late ``W`` passes filling
+  the bubbles; within one step (the optimizer after the flush) the ramp ``(p-1)t_F`` stays:
+  bubble ``(p-1)·max(t_F, t_F+t_B-2t_W)`` once ``m >= 2p``.
+
 >>> s = one_f_one_b(stages=3, microbatches=4)
 >>> print(s.grid())
 stage 0 | F0 F1 F2 .  .  B0 F3 B1 .  B2 .  B3
@@ -37,7 +48,8 @@ Key = tuple[int, str, int, int]  # (stage, kind, microbatch, chunk)
 
 @dataclass(frozen=True, order=True)
 class Item:
-    """One unit of pipeline work: ``kind`` (``"F"`` or ``"B"``) of ``microbatch`` on ``stage``."""
+    """One unit of pipeline work: ``kind`` (``"F"``, ``"B"``, or ``"W"`` when the backward is split) of
+    ``microbatch`` on ``stage``."""
 
     time: int
     stage: int
@@ -68,6 +80,11 @@ class Schedule:
     microbatches: int
     chunks: int
     items: tuple[Item, ...]
+
+    @property
+    def split(self) -> bool:
+        """Whether the backward is split into ``B`` and a later ``W`` (the zero-bubble schedules)."""
+        return any(it.kind == "W" for it in self.items)
 
     def virtual_stage(self, item: Item) -> int:
         """The model chunk's place in the layer order: ``chunk * stages + stage``."""
@@ -118,12 +135,14 @@ class Schedule:
         return span * self.stages - busy, busy
 
     def in_flight(self) -> list[list[int]]:
-        """Per stage, after each of its items: how many microbatch chunks it has stashed."""
+        """Per stage, after each of its items: how many microbatch chunks it has stashed (until
+        their ``W`` when the backward is split)."""
+        freed = "W" if self.split else "B"
         out = []
         for order in self.orders():
             n, counts = 0, []
             for it in order:
-                n += 1 if it.kind == "F" else -1
+                n += 1 if it.kind == "F" else -1 if it.kind == freed else 0
                 counts.append(n)
             out.append(counts)
         return out
@@ -198,13 +217,91 @@ def interleaved(stages: int, microbatches: int, chunks: int) -> Schedule:
     return _schedule("interleaved", p, m, v, orders)
 
 
+def zb_h1(stages: int, microbatches: int) -> Schedule:
+    """ZB-H1 (Qi et al. 2024, §3): 1F1B with the backward split, stage ``s`` running each ``W``
+    ``s`` microbatches after its ``B`` so that the ``B`` passes, which the previous stage waits
+    for, reach it sooner; the deferred ``W`` passes fill the cool-down.
+
+    >>> s = zb_h1(stages=3, microbatches=4)
+    >>> print(s.grid())
+    stage 0 | F0 F1 F2 .  .  B0 W0 F3 B1 W1 B2 W2 B3 W3
+    stage 1 | .  F0 F1 .  B0 F2 B1 W0 F3 B2 W1 B3 W2 W3
+    stage 2 | .  .  F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3
+    >>> s.bubble(), s.peak_in_flight()  # (p-1)(tF+tB-tW) on 3m units; p held on every stage
+    (0.16666666666666666, [3, 3, 3])
+    """
+    p, m = _check(stages, microbatches)
+    orders = []
+    for s, order in enumerate(one_f_one_b(p, m).orders()):
+        out: list[tuple[str, int, int]] = []
+        for it in order:
+            out.append(("F" if it.kind == "F" else "B", it.microbatch, 0))
+            if it.kind == "B" and it.microbatch >= s:
+                out.append(("W", it.microbatch - s, 0))
+        out += [("W", j, 0) for j in range(max(0, m - s), m)]
+        orders.append(out)
+    return _schedule("zb-h1", p, m, 1, orders)
+
+
+def zb_h2(stages: int, microbatches: int) -> Schedule:
+    """ZB-H2 (Qi et al. 2024, §3): up to ``2p-1`` microbatches held, each stage running, whenever
+    it is free, a ``B`` that has arrived, else a forward while it holds fewer than ``2p-1``, else
+    its oldest deferred ``W`` (the order built on a clock where F, B and W take one step each).
+
+    >>> s = zb_h2(stages=2, microbatches=4)
+    >>> print(s.grid())
+    stage 0 | F0 F1 F2 B0 W0 B1 F3 B2 W1 W2 B3 W3 .
+    stage 1 | .  F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3
+    >>> t = {"F": 1.0, "B": 2.0, "W": 1.0}  # ZB-H1's bubble (p-1)(tF+tB-tW) = 2, ZB-H2's (p-1)tF = 1
+    >>> [s.bubble(lambda it: t[it.kind]) * 4 * 4 for s in (zb_h1(2, 4), s)], s.peak_in_flight()
+    ([2.0, 1.0], [3, 3])
+    """
+    p, m = _check(stages, microbatches)
+    cap = 2 * p - 1
+    done: dict[tuple[int, str, int], int] = {}
+    free, made = [0] * p, [{"F": 0, "B": 0, "W": 0} for _ in range(p)]
+    orders: list[list[tuple[str, int, int]]] = [[] for _ in range(p)]
+    for _ in range(3 * p * m):  # one item per turn: the stage that can start soonest, then B > F > W
+        best: tuple[int, int, int, str] | None = None
+        for s in range(p):
+            n = made[s]
+            ready = []
+            if n["B"] < n["F"]:
+                arrived = done.get((s, "F", n["B"]) if s == p - 1 else (s + 1, "B", n["B"]))
+                if arrived is not None:
+                    ready.append((max(free[s], arrived), 0, "B"))
+            if n["F"] < m and n["F"] - n["W"] < cap:
+                arrived = 0 if s == 0 else done.get((s - 1, "F", n["F"]))
+                if arrived is not None:
+                    ready.append((max(free[s], arrived), 1, "F"))
+            if n["W"] < n["B"]:
+                ready.append((free[s], 2, "W"))
+            if ready:
+                start, rank, kind = min(ready)
+                if best is None or (start, rank) < best[:2]:
+                    best = (start, rank, s, kind)
+        assert best is not None
+        start, _, s, kind = best
+        j = made[s][kind]
+        made[s][kind] += 1
+        done[(s, kind, j)] = free[s] = start + 1
+        orders[s].append((kind, j, 0))
+    return _schedule("zb-h2", p, m, 1, orders)
+
+
 #: Every schedule by name; ``interleaved`` also takes the chunks per stage, so :func:`make` calls it apart.
-SCHEDULES: dict[str, Callable[..., Schedule]] = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved}
+SCHEDULES: dict[str, Callable[..., Schedule]] = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "interleaved": interleaved,
+    "zb-h1": zb_h1,
+    "zb-h2": zb_h2,
+}
 
 
 @functools.lru_cache(maxsize=512)  # a schedule is immutable: the clock, the memory and the bounds share it
 def make(name: str, stages: int, microbatches: int, chunks: int = 1) -> Schedule:
-    """The schedule called ``name`` (``gpipe``, ``1f1b``, ``interleaved``), built once per shape."""
+    """The schedule called ``name`` (one of :data:`SCHEDULES`), built once per shape."""
     if name not in SCHEDULES:
         raise ShardingError(f"unknown pipeline schedule {name!r}; choose one of {list(SCHEDULES)}")
     if name == "interleaved":
@@ -259,11 +356,13 @@ def _clock(orders: Sequence[Sequence[Item]], virtual: int, duration: Callable[[I
 
 def needs(it: Item, p: int, virtual: int) -> Key | None:
     """The item ``it`` waits for: the previous stage's F, or the next stage's B (a stage's first
-    backward, of the last chunk, waits for its own forward).
+    backward, of the last chunk, waits for its own forward); a W, its own B.
 
-    >>> needs(Item(0, 1, "F", 0), 2, 2), needs(Item(0, 1, "B", 0), 2, 2)
-    ((0, 'F', 0, 0), (1, 'F', 0, 0))
+    >>> needs(Item(0, 1, "F", 0), 2, 2), needs(Item(0, 1, "B", 0), 2, 2), needs(Item(0, 1, "W", 0), 2, 2)
+    ((0, 'F', 0, 0), (1, 'F', 0, 0), (1, 'B', 0, 0))
     """
+    if it.kind == "W":
+        return (it.stage, "B", it.microbatch, it.chunk)
     k = it.chunk * p + it.stage
     if it.kind == "F":
         if k == 0:
