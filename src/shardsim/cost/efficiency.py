@@ -145,8 +145,9 @@ class AttentionEfficiency:
         _fraction("backward", self.backward)
 
     def fraction(self, phase: str) -> float:
-        """The rate of a block in ``phase`` (a recomputed forward runs the forward kernel)."""
-        return self.backward if phase == "backward" else self.forward
+        """The rate of a block in ``phase`` (a recomputed forward runs the forward kernel, a split
+        backward's W pass the backward's)."""
+        return self.backward if phase in ("backward", "weight") else self.forward
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ OP_COLORS = {
     "ppermute": "#7f7f7f",
     "host_transfer": "#b5b5b5",
 }
-PHASE_COLORS = {"forward": "#4878a8", "backward": "#f2a541"}
+PHASE_COLORS = {"forward": "#4878a8", "backward": "#f2a541", "weight": "#7fb069"}
 SHORT = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", "all_to_all": "A2A", "ppermute": "PP"}
 
 
@@ -68,12 +68,15 @@ def gantt_text(tl: Timeline, width: int = 100) -> str:
                 row.append("." if name.startswith("compute") else " ")
             elif name.startswith("compute"):
                 phase = bars.bars[k].phase
-                ch = "f" if phase == "forward" else "b" if phase == "backward" else "o"
+                ch = {"forward": "f", "backward": "b", "weight": "w"}.get(phase, "o")
                 row.append(ch.upper() if k % 2 else ch)
             else:
                 row.append("=" if any(cs.at(t) is not None for cs in computes) else "#")
         lines.append(f"{name[:names]:<{names + 1}}" + "".join(row))
-    lines.append(" " * (names + 1) + "f/F forward, b/B backward matmul; = under compute, # exposed communication")
+    legend = "f/F forward, b/B backward matmul"
+    if any(b.phase == "weight" for b in tl.bars):
+        legend += ", w/W weight gradients (a split backward's W)"
+    lines.append(" " * (names + 1) + legend + "; = under compute, # exposed communication")
     return "\n".join(lines)
 
 

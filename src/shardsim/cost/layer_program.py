@@ -44,7 +44,7 @@ from ..array import ShapeDtype, shard
 from ..collectives import ppermute
 from ..mesh import Mesh
 from ..models import TransformerConfig
-from ..plans import Plan
+from ..plans import ZERO_BUBBLE, Plan
 from ..tracing import Event, trace
 from ..training import policies
 from ..training.policies import BytePolicy
@@ -63,15 +63,19 @@ from .timeline import COLLECTIVES, Timeline, build_timeline, compute_seconds
 class Times:
     """Seconds of one microbatch's forward and backward (recomputation included), and of the
     step's gradient reduction over the data axis (``sync``) when it runs alone, and when it
-    overlaps the backward pass of the last microbatch (``fused``: that backward with it)."""
+    overlaps the backward pass of the last microbatch (``fused``: that backward with it).
+    ``wgt`` is the part of the backward a split backward runs as its W pass (its weight-gradient
+    matmuls and what they wait for; 0 unless the plan's schedule splits it)."""
 
     fwd: float
     bwd: float
     sync: float
     fused: float
+    wgt: float = 0.0
 
     def __sub__(self, other: Times) -> Times:
-        return Times(self.fwd - other.fwd, self.bwd - other.bwd, self.sync - other.sync, self.fused - other.fused)
+        return Times(self.fwd - other.fwd, self.bwd - other.bwd, self.sync - other.sync, self.fused - other.fused,
+                     self.wgt - other.wgt)  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)
@@ -157,11 +161,12 @@ def _flops(events: Sequence[Event], mesh: Mesh) -> tuple[int, int]:
 
 
 def pass_work(tl: Timeline) -> dict[str, float]:
-    """Seconds of a microbatch's forward (``F ...``) and backward (``B ...``, recomputation in
-    it) on the compute stream (``compute``), in its matmuls' FLOPs, HBM traffic and untimed
-    kernels alone (``flops``, ``memory``, ``untimed``: the bound's figures) and on each mesh
-    axis's links (``comm <axis>``; a collective over two axes is split between them), summed
-    over the bars of its time line.
+    """Seconds of a microbatch's forward (``F ...``), backward (``B ...``, recomputation in
+    it) and, when the backward is split, its W pass (``W ...``) on the compute stream
+    (``compute``), in its matmuls' FLOPs, HBM traffic and untimed kernels alone (``flops``,
+    ``memory``, ``untimed``: the bound's figures) and on each mesh axis's links (``comm
+    <axis>``; a collective over two axes is split between them), summed over the bars of its
+    time line.
 
     >>> from shardsim import Mesh
     >>> from .presets import get_hardware
@@ -178,7 +183,7 @@ def pass_work(tl: Timeline) -> dict[str, float]:
         out[key] = out.get(key, 0.0) + seconds
 
     for b in tl.bars:
-        side = "F" if b.phase == "forward" else "B"
+        side = "F" if b.phase == "forward" else "W" if b.phase == "weight" else "B"
         if b.is_compute:
             add(f"{side} compute", b.seconds)
             add(f"{side} flops", b.flops_s)
@@ -214,10 +219,18 @@ def trace_plan(plan: Plan) -> Plan:
 
     >>> [str(trace_plan(Plan.parse(f"tp=2,recompute=selective,attention={a}"))) for a in ("flash", "standard")]
     ['tp=2', 'tp=2,attention=standard,recompute=selective']
+
+    A zero-bubble schedule keeps its name: the layer's backward is split into B and W.
+
+    >>> str(trace_plan(Plan.parse("dp=8,pp=4,microbatches=8,schedule=zb-h1")))
+    'dp=2,schedule=zb-h1'
+
     """
     from ..transformer.roles import Roles
 
-    lp = plan.replace(pp=1, microbatches=1, virtual_stages=1, schedule="1f1b", precision=None)
+    split = plan.schedule in ZERO_BUBBLE  # the layer's backward as the schedule runs it: B, then its W
+    lp = plan.replace(pp=1, microbatches=1, virtual_stages=1, schedule=plan.schedule if split else "1f1b",
+                      precision=None)  # fmt: skip
     return lp.replace(dp=min(lp.dp, 2), recompute=Roles.of(plan).recompute)
 
 
@@ -267,7 +280,7 @@ class LayerCache:
         self._programs: dict[tuple[str, int, int], _Run] = {}
         self._placements: dict[tuple[Any, ...], tuple[Placement, Efficiency]] = {}
         self._p2p: dict[tuple[Any, ...], float] = {}
-        self._compute: dict[tuple[str, int], float] = {}
+        self._compute: dict[tuple[str, int, str | None], float] = {}
         self._timelines: dict[tuple[Any, ...], tuple[Times, Timeline, Timeline]] = {}
         self.traced = 0
 
@@ -308,13 +321,15 @@ class LayerCache:
             self._layers[key] = self._cost(lp, micro, plan.dp, pl, eff)
         return self._layers[key]
 
-    def compute_per_layer(self, plan: Plan, micro: int) -> float:
-        """Seconds of one layer's forward and backward (recomputation in it) on the busiest
+    def compute_per_layer(self, plan: Plan, micro: int, phase: str | None = None) -> float:
+        """Seconds of one layer's forward and backward (recomputation in it; ``phase="forward"``:
+        its forward alone) on the busiest
         chips' compute stream, from the traces at one and two layers: the same on every
         placement (:func:`~shardsim.cost.timeline.compute_seconds`). The layer's time on a
         placement adds the waits for its collectives, so the planner bounds a step by this
         before it times the layer there (the bound tests hold it under every traced step). A
-        candidate it rules out needs no time line of its own placement.
+        candidate it rules out needs no time line of its own placement. A split backward runs
+        the same kernels in another order: its bound is the whole backward's, traced once.
 
         >>> from shardsim.models import get
         >>> cache = LayerCache(get("gpt-tiny"), "h100", seq=16)
@@ -322,11 +337,12 @@ class LayerCache:
         >>> 0 < cache.compute_per_layer(Plan(dp=2, tp=2), micro=2) <= per.fwd + per.bwd
         True
         """
-        lp = trace_plan(plan)
-        key = (str(lp), micro)
+        lp = trace_plan(plan.replace(schedule="1f1b") if plan.schedule in ZERO_BUBBLE else plan)  # the same kernels
+        key = (str(lp), micro, phase)
         if key not in self._compute:
             _, eff = self.placement(plan)  # the kernels' rates are the chip's, whatever the placement
-            one, two = (compute_seconds(self._run(lp, micro, k).events, self.hw, eff) for k in (1, 2))
+            runs = (self._run(lp, micro, k).events for k in (1, 2))
+            one, two = (compute_seconds([e for e in r if phase in (None, e.phase)], self.hw, eff) for r in runs)
             self._compute[key] = two - one
         return self._compute[key]
 
@@ -380,7 +396,9 @@ class LayerCache:
         fwd = max((b.end for b in work.bars if b.phase == "forward"), default=0.0)
         fwd_whole = max((b.end for b in whole.bars if b.phase == "forward"), default=0.0)
         sync = sum(b.seconds for b in whole.bars if is_sync(events[b.index], self._params))
-        return Times(fwd, work.step_s - fwd, sync, whole.step_s - fwd_whole), whole, work
+        # a split backward's W: its matmuls, and the collectives they wait for (SP's re-gathers)
+        wgt = sum(b.seconds if b.is_compute else b.seconds - b.hidden for b in work.bars if b.phase == "weight")
+        return Times(fwd, work.step_s - fwd, sync, whole.step_s - fwd_whole, wgt), whole, work
 
     # -- the pipeline's sends ----------------------------------------------------------------
     def p2p(self, plan: Plan, micro: int, order: Sequence[str] | None = None) -> float:

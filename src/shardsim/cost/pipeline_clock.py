@@ -45,13 +45,15 @@ def virtual_stage_layers(layers: int, p: int, v: int) -> list[int]:
 @dataclass(frozen=True)
 class Passes:
     """Seconds of each virtual stage's forward, backward, and backward with its gradient
-    reduction (``fused``), and of the reduction alone (``sync``); ``layers`` per virtual stage."""
+    reduction (``fused``), and of the reduction alone (``sync``); ``layers`` per virtual stage;
+    ``wgt`` the part of the backward a split backward's W pass runs (zeros otherwise)."""
 
     fwd: list[float]
     bwd: list[float]
     fused: list[float]
     sync: list[float]
     layers: list[int]
+    wgt: list[float]
 
 
 def passes(lay: Layer, layers: int, p: int, v: int) -> Passes:
@@ -66,6 +68,7 @@ def passes(lay: Layer, layers: int, p: int, v: int) -> Passes:
         [n * per.fused + h * edge.fused for n, h in zip(counts, head)],
         [n * per.sync + h * edge.sync for n, h in zip(counts, head)],
         counts,
+        [n * per.wgt + h * edge.wgt for n, h in zip(counts, head)],
     )
 
 
@@ -75,22 +78,24 @@ _COMPILED: dict[int, tuple[Schedule, Slots]] = {}
 
 def _slots(sched: Schedule) -> Slots:
     """Each item of ``sched`` in its unit-time order: its stage, its slot in the duration
-    tables (``k`` for the forward of virtual stage ``k``, ``V + k`` for its backward), the
-    index of the item it waits for (-1: none), whether its output is sent to another stage,
-    and whether it is its chunk's last backward. Built once per schedule."""
+    tables (``k`` for the forward of virtual stage ``k``, ``V + k`` for its backward, ``2V + k``
+    for its W pass), the index of the item it waits for (-1: none), whether its output is sent
+    to another stage, and whether it is its chunk's last backward (the last W when the backward
+    is split: the gradients are whole after it). Built once per schedule."""
     hit = _COMPILED.get(id(sched))
     if hit is not None and hit[0] is sched:
         return hit[1]
     p, virtual, m = sched.stages, sched.stages * sched.chunks, sched.microbatches
     index = {it.key: i for i, it in enumerate(sched.items)}
+    final = "W" if sched.split else "B"
     out = []
     for it in sched.items:
         k = sched.virtual_stage(it)
         need = needs(it, p, virtual)
-        forward = it.kind == "F"
-        sends = (forward and k < virtual - 1) or (not forward and k > 0)
-        out.append((it.stage, k if forward else virtual + k, -1 if need is None else index[need], sends,
-                    not forward and it.microbatch == m - 1))  # fmt: skip
+        sends = (it.kind == "F" and k < virtual - 1) or (it.kind == "B" and k > 0)
+        slot = "FBW".index(it.kind) * virtual + k
+        out.append((it.stage, slot, -1 if need is None else index[need], sends,
+                    it.kind == final and it.microbatch == m - 1))  # fmt: skip
     _COMPILED[id(sched)] = (sched, tuple(out))
     return _COMPILED[id(sched)][1]
 
@@ -102,6 +107,7 @@ def clock(
     send: float = 0.0,
     reduced: Sequence[float] | None = None,
     starts: list[tuple[float, float]] | None = None,
+    wgt: Sequence[float] | None = None,
 ) -> tuple[float, float, float]:
     """The span of ``sched`` when the forward and backward of virtual stage ``k`` last
     ``fwd[k]`` and ``bwd[k]``, the span with the gradient reductions, and the busiest stage's
@@ -113,7 +119,9 @@ def clock(
     reduces its gradients over the data axis as it runs, ending ``reduced[k]`` seconds after
     it starts, which delays the step's end but neither the stage's next item nor the item's
     reader. ``starts``, when given, receives each item's start and its send's end (the item's
-    end when it sends nothing), in the order of ``sched.items``.
+    end when it sends nothing), in the order of ``sched.items``. A schedule that splits the
+    backward runs ``wgt[k]`` of ``bwd[k]`` as its W pass, and the reduction ends as long after
+    the last W starts as it did after the last whole backward's B part.
 
     >>> from shardsim.strategies.pipeline.schedule import one_f_one_b
     >>> s = one_f_one_b(stages=3, microbatches=4)
@@ -123,9 +131,16 @@ def clock(
     >>> clock(s, [1.0] * 3, [2.0] * 3, reduced=[5.0] * 3)[1] - 18.0  # the last backward's reduction: 5 s from its start
     3.0
     """
-    p = sched.stages
-    dur = [*fwd, *bwd]
-    tail_of = [0.0] * len(fwd) + list(reduced) if reduced is not None else None
+    p, v = sched.stages, len(fwd)
+    if sched.split:
+        if wgt is None:
+            raise ValueError(f"the {sched.name} schedule splits the backward: clock() needs its W seconds (wgt)")
+        b = [whole - w for whole, w in zip(bwd, wgt)]
+        dur = [*fwd, *b, *wgt]
+        tail_of = [0.0] * 2 * v + [r - x for r, x in zip(reduced, b)] if reduced is not None else None
+    else:
+        dur = [*fwd, *bwd]
+        tail_of = [0.0] * v + list(reduced) if reduced is not None else None
     arrive: list[float] = []
     free = [0.0] * p
     link = [0.0] * p
@@ -168,7 +183,9 @@ def item_timeline(plan: Plan, lay: Layer, layers: int, send: float, title: str =
     sched = make(plan.schedule, p, m, v)
     ps = passes(lay, layers, p, v)
     starts: list[tuple[float, float]] = []
-    _, step, _ = clock(sched, ps.fwd, ps.bwd, send, ps.fused, starts)
+    _, step, _ = clock(sched, ps.fwd, ps.bwd, send, ps.fused, starts, ps.wgt)
+    wgt = ps.wgt if sched.split else [0.0] * len(ps.wgt)
+    durations = [*ps.fwd, *(b - w for b, w in zip(ps.bwd, wgt)), *wgt]
     axes = plan.axes()
     pipe = axes["pipe"]
     reduced_over = tuple(axes[r] for r in ("data", "context") if plan.degree(r) > 1)
@@ -177,13 +194,13 @@ def item_timeline(plan: Plan, lay: Layer, layers: int, send: float, title: str =
     works: dict[tuple[int, str], dict[str, float]] = {}  # a virtual stage's pass: the same every microbatch
     for (stage, slot, _, sends, last), (start, sent) in zip(_slots(sched), starts):
         k, forward = slot % virtual, slot < virtual
-        side = "F" if forward else "B"
+        side = "FBW"[slot // virtual]
         if (k, side) not in works:
             head = 1.0 if k == virtual - 1 else 0.0
             works[k, side] = {key: ps.layers[k] * lay.work[0].get(key, 0.0) + head * lay.work[1].get(key, 0.0)
                               for key in {*lay.work[0], *lay.work[1]} if key.startswith(side)}  # fmt: skip
         work = works[k, side]
-        d = ps.fwd[k] if forward else ps.bwd[k]
+        d = durations[slot]
         where = f"{pipe}{stage}"
         bars += _item_bars(len(bars), where, k, side, start, d, work)
         end = start + d
@@ -191,7 +208,7 @@ def item_timeline(plan: Plan, lay: Layer, layers: int, send: float, title: str =
             bars.append(_comm(len(bars), where, "ppermute", (pipe,), f"{side}{k} send", "forward" if forward
                               else "backward", sent - send, sent, 0.0))  # fmt: skip
         if last and reduced_over and ps.sync[k] > 0:
-            done = start + ps.fused[k]
+            done = start + ps.fused[k] - (ps.bwd[k] - wgt[k])  # from the last W's start when the backward is split
             bars.append(_comm(len(bars), where, "all_reduce", reduced_over, f"d chunk {k}", "backward",
                               done - ps.sync[k], done, max(0.0, min(done, end) - (done - ps.sync[k]))))  # fmt: skip
     return Timeline(bars, step, True, title)
@@ -199,7 +216,7 @@ def item_timeline(plan: Plan, lay: Layer, layers: int, send: float, title: str =
 
 def _item_bars(index: int, where: str, k: int, side: str, start: float, d: float, work: dict[str, float]) -> list[Bar]:
     """One item's bars: the collectives it waits for, then its compute with the rest under it."""
-    phase = "forward" if side == "F" else "backward"
+    phase = {"F": "forward", "B": "backward", "W": "weight"}[side]
     compute = min(d, work.get(f"{side} compute", 0.0))
     waited = d - compute
     comm = {key.split(" ", 2)[2]: s for key, s in work.items() if key.startswith(f"{side} comm ") and s > 0}

@@ -23,7 +23,7 @@ from typing import Any
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..models.mlp import MLP
-from ..plans import Plan
+from ..plans import ZERO_BUBBLE, Plan
 from .bound import comm_excess, excess_terms
 from .changes import Advice, Fix, advice_line
 from .efficiency import IDEAL, Efficiency
@@ -150,7 +150,7 @@ class Estimate:
         total = 0.0
         for st in self.program.steps:
             e = st.event
-            if e.flops and e.phase in ("forward", "backward"):
+            if e.flops and e.phase in ("forward", "backward", "weight"):
                 total += e.flops * chips_running(mesh, e.where)
         return total
 
@@ -205,9 +205,19 @@ class Estimate:
 
     @property
     def bubble_closed_form(self) -> float:
-        """(p-1)/(v·m+p-1): the bubble of equal stages with no communication (Narayanan et al. 2021)."""
+        """(p-1)/(v·m+p-1): the bubble of equal stages with no communication (Narayanan et al.
+        2021). Zero bubble (Qi et al. 2024): ``(p-1)(t_F+t_B-t_W)`` idle beside ``m(t_F+t_B+t_W)``
+        of work (ZB-H1), ``(p-1)·max(t_F, t_F+t_B-2t_W)`` (ZB-H2 within one step), the passes'
+        times in the step's compute per phase."""
         p, m, v = self.plan.pp, self.plan.microbatches, self.plan.virtual_stages
-        return (p - 1) / (v * m + p - 1) if p > 1 else 0.0
+        if p == 1:
+            return 0.0
+        if self.plan.schedule in ZERO_BUBBLE:
+            tf, tb, tw = (self.phases.get(k, {}).get("compute", 0.0) / m for k in ("forward", "backward", "weight"))
+            ramp = tf + tb - tw if self.plan.schedule == "zb-h1" else max(tf, tf + tb - 2 * tw)
+            idle = (p - 1) * ramp
+            return idle / (idle + m * (tf + tb + tw))
+        return (p - 1) / (v * m + p - 1)
 
     @property
     def bound(self) -> str:

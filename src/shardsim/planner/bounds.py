@@ -44,7 +44,7 @@ from ..cost.hardware import Hardware
 from ..cost.layer_program import Layer
 from ..dtypes import resolve_dtype
 from ..models import TransformerConfig
-from ..plans import Plan
+from ..plans import ZERO_BUBBLE, Plan
 from ..strategies.pipeline.schedule import make
 from ..training import optim, policies
 from ..training.policies import BytePolicy
@@ -223,12 +223,14 @@ def layer_matmuls(model: TransformerConfig, tp: int) -> tuple[tuple[int, int, in
     return tuple(out)
 
 
-def stage_bound(model: TransformerConfig, c: Candidate, per_layer_s: float) -> float:
+def stage_bound(model: TransformerConfig, c: Candidate, per_layer_s: float, forward_s: float = 0.0) -> float:
     """A lower bound of a step once its layer is traced: the busiest stage runs ``m``
     microbatches of its layers (``per_layer_s`` each, forward and backward), and the schedule
     can do no better than ``(m + (p - 1)/v)`` microbatches of its lightest stage's (one layer
-    fewer when the stages are unequal). The gradient reduction is not counted: it may hide
-    under the last backward (:func:`~shardsim.planner.evaluate.clock`).
+    fewer when the stages are unequal); a zero-bubble schedule's W passes may fill that, so it is
+    held to the ramp no schedule avoids: the last stage starts after ``p - 1`` stages' forwards
+    of a microbatch (``forward_s`` per layer) and then runs all its work. The gradient
+    reduction is not counted: it may hide under the last backward (:func:`~shardsim.planner.evaluate.clock`).
 
     >>> from shardsim.models import get
     >>> from shardsim.plans import Plan
@@ -241,4 +243,6 @@ def stage_bound(model: TransformerConfig, c: Candidate, per_layer_s: float) -> f
     n = busiest_stage_layers(model, c)
     lightest = n - (1 if n * p.pp > model.layers else 0)
     work = p.microbatches * n * per_layer_s
+    if p.schedule in ZERO_BUBBLE:
+        return max(work, ((p.pp - 1) * forward_s + p.microbatches * per_layer_s) * lightest)
     return max(work, (p.microbatches + (p.pp - 1) / p.virtual_stages) * lightest * per_layer_s)

@@ -232,4 +232,5 @@ def _pipeline(cache: LayerCache, lay: Layer, c: Candidate) -> tuple[float, float
     plan = c.plan
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
     ps = passes(lay, cache.model.layers, p, v)
-    return clock(make(plan.schedule, p, m, v), ps.fwd, ps.bwd, cache.p2p(plan, c.micro, c.order), ps.fused)
+    return clock(make(plan.schedule, p, m, v), ps.fwd, ps.bwd, cache.p2p(plan, c.micro, c.order), ps.fused,
+                 wgt=ps.wgt)  # fmt: skip

@@ -324,10 +324,11 @@ def _walk(
         try:
             # the traced layer bounds the step before it is timed on the candidate's placement (its
             # compute alone) and, in a pipeline, again once it is (its time) before the schedule's clock runs
-            lb = stage_bound(cfg, c, cache.compute_per_layer(c.plan, c.micro)) / c.tokens(seq)
+            fwd = cache.compute_per_layer(c.plan, c.micro, "forward") if c.plan.pp > 1 else 0.0
+            lb = stage_bound(cfg, c, cache.compute_per_layer(c.plan, c.micro), fwd) / c.tokens(seq)
             if c.plan.pp > 1 and lb < best * (1 + window):
                 per = cache.layer(c.plan, c.micro, c.order).per_layer
-                lb = stage_bound(cfg, c, per.fwd + per.bwd) / c.tokens(seq)
+                lb = stage_bound(cfg, c, per.fwd + per.bwd, per.fwd) / c.tokens(seq)
             if lb >= best * (1 + window):
                 rejected.append(Rejection(c, "bound", lb / best - 1, lb * c.tokens(seq)))
                 continue

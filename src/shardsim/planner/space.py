@@ -42,7 +42,7 @@ from .._divisors import divisors
 from ..cost.units import tokens_argument
 from ..errors import PlannerError
 from ..models import TransformerConfig
-from ..plans import ATTENTION, CP_METHODS, RECOMPUTE, SCHEDULES, Plan
+from ..plans import ATTENTION, CP_METHODS, RECOMPUTE, SCHEDULES, ZERO_BUBBLE, Plan
 from ..training.stage_memory import stage_layers
 
 PARALLELISMS = ("dp", "zero", "tp", "sp", "pp", "cp", "ep")
@@ -371,7 +371,12 @@ def _batches(
 def _schedules(model: TransformerConfig, pp: int, m: int, c: Constraints) -> list[tuple[str, int]]:
     if pp == 1:
         return [("1f1b", 1)] if c.options("schedule", ["1f1b"]) else []
-    out = [(s, 1) for s in c.options("schedule", ["1f1b", "gpipe"])]
+    # ZB-H2's extra forwards fill the bubble once each stage has 2p of them to run
+    out = [
+        (s, 1)
+        for s in c.options("schedule", ["1f1b", "gpipe", *ZERO_BUBBLE])
+        if s != "zb-h2" or m >= 2 * pp or "schedule" in c.fixed
+    ]
     if "interleaved" in c.options("schedule", ["interleaved"]) and m % pp == 0:
         for v in c.options("virtual_stages", [2, 4, 8]):
             if v > 1 and stage_layers(model.layers, pp * v) is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from ..cost.defaults import line
 from ..cost.hardware import Hardware
 from ..cost.numbers import gb
 from ..models import TransformerConfig
+from ..plans import ZERO_BUBBLE
 from .evaluate import PlanEstimate
 from .space import Candidate, Constraints
 from .twins import figures
@@ -141,6 +143,40 @@ class PlanTable:
             f"{self.slowdown(r):.1%} per token: the runner-up's {parts or 'parts are equal'}"
             f"; memory {fmt_gb(b.memory['total'])} vs {fmt_gb(r.memory['total'])} per chip."
         )
+
+    def schedules(self) -> str | None:
+        """How the best pipelined plan's schedule compares with the best of every other kind
+        (zero bubble, interleaved, 1F1B or GPipe): their bubbles and memory, or why none of a
+        kind was kept. None without a pipeline."""
+        b = self.best
+        if b.plan.pp == 1:
+            return None
+        mine = _schedule_kind(b.plan.schedule)
+        best: dict[str, PlanEstimate] = {}
+        for e in self.rows:
+            if e.plan.pp > 1:
+                best.setdefault(_schedule_kind(e.plan.schedule), e)
+        text = []
+        for kind in ("zero bubble", "interleaved", "1F1B or GPipe"):
+            if kind == mine:
+                continue
+            other = best.get(kind)
+            if other is not None:
+                text.append(
+                    f"{kind} ({other.plan.schedule}, {self.slowdown(other):.1%} slower per token): bubble "
+                    f"{fmt_time(other.parts['bubble'])} vs {fmt_time(b.parts['bubble'])}, memory "
+                    f"{fmt_gb(other.memory['total'])} vs {fmt_gb(b.memory['total'])}"
+                )
+                continue
+            gone = [
+                r
+                for r in self.rejected
+                if _schedule_kind(r.candidate.plan.schedule) == kind and r.candidate.plan.pp > 1
+            ]
+            if gone:
+                counts = Counter(_REJECTED.get(r.kind, r.kind) for r in gone)
+                text.append(f"{kind}: none kept ({', '.join(f'{n} {why}' for why, n in counts.most_common())})")
+        return f"{b.plan.schedule} beats " + "; ".join(text) if text else None
 
     def families(self) -> list[tuple[str, str]]:
         """Each large family (tp, pp, cp and ep) with no kept plan, or whose best is slower, and why."""
@@ -256,6 +292,8 @@ class PlanTable:
         rows, right = self._cells(top)
         lines = [self.header(), *([line(self.defaults)] if self.defaults else []), table_text(rows, right), ""]
         lines.append("why: " + self.why_best())
+        if (sched := self.schedules()) is not None:
+            lines.append("schedule: " + sched)
         fams = self.families()
         if fams:
             lines.append("rejected families:")
@@ -291,9 +329,18 @@ class PlanTable:
             "defaults": self.defaults,
             "rows": [e.row() for e in self.rows[:top]],
             "why": self.why_best(),
+            "schedule": self.schedules(),
             "rejected_families": dict(self.families()),
         }
         return json.dumps(doc, indent=2)
+
+
+_REJECTED = {"bound": "slower by their lower bound", "memory": "out of memory (bound)", "oom": "out of memory",
+             "slower": "fit but slower", "refused": "refused"}  # fmt: skip
+
+
+def _schedule_kind(schedule: str) -> str:
+    return "zero bubble" if schedule in ZERO_BUBBLE else "interleaved" if schedule == "interleaved" else "1F1B or GPipe"
 
 
 def fmt_gb(n: float) -> str:

@@ -28,7 +28,10 @@ layers interleaved), the last stage the head. Middle stages hold neither edge an
 flight than the first, so each category's figure is the larger of the first and the last
 stage's, as the full trace's busiest chip.
 
-Interleaved schedules are probed as 1F1B over the stage's ``v`` chunks' layers at once: the same
+Zero-bubble schedules are probed as themselves on two stages, so what their W passes keep is
+in the probe's steady state; each microbatch held until its W then counts as a whole stash,
+which bounds from above the microbatches a stage holds only for their W (ZB-H1's later
+stages). Interleaved schedules are probed as 1F1B over the stage's ``v`` chunks' layers at once: the same
 state, the same accumulators; their stash is counted in chunks of ``layers / (p v)`` layers.
 The tests hold every figure to the fully traced step (:func:`~shardsim.training.model_memory`
 with ``full=True``).
@@ -47,7 +50,7 @@ import functools
 
 from ..errors import DivisibilityError
 from ..models import TransformerConfig
-from ..plans import Plan
+from ..plans import ZERO_BUBBLE, Plan
 from ..strategies.pipeline.schedule import make
 from ..transformer import checks
 from ..transformer.roles import Roles
@@ -141,20 +144,23 @@ def _memory(
     if more and plan.schedule != "gpipe":  # (under GPipe they are in the stash per microbatch)
         after = _probe(cfg, stash_plan.replace(microbatches=probe_plan.microbatches + 1), ks[0], micro, seq,
                        optimizer, prec)  # fmt: skip
+    # what a microbatch leaves held: its stash, and under a split backward the gradients its W
+    # reads too (read off the probes' totals; the held microbatches each counted whole)
+    held_as = "total" if plan.schedule in ZERO_BUBBLE else "activations"
     peak: dict[str, int] = {}
     state: dict[str, int] = {}
     for stage, held in ((0, real[0]), (1, real[-1])):
         figures = [r[stage] for r in runs]
-        acts = [r[stage][0]["activations"] for r in stashed]
+        acts = [r[stage][0][held_as] for r in stashed]
         probed = probe_in_flight[stage]
         stage_peak = _on_the_line(ks, [f[0] for f in figures], n)
-        kept = after[stage][0]["activations"] - acts[0] if more and plan.schedule != "gpipe" else 0
+        kept = after[stage][0][held_as] - acts[0] if more and plan.schedule != "gpipe" else 0
         added = more * kept
         if probed > 1:
             # one microbatch's stash of the stage's layers: what one more in flight adds to the
             # activations (the head's logits among them on the last stage), a part per layer
             # and a part per microbatch chunk (its input)
-            one = [r[stage][0]["activations"] for r in ones]
+            one = [r[stage][0][held_as] for r in ones]
             stashes = [(a - a1) // (probed - 1) - kept for a, a1 in zip(acts, one)]
             per_layer = stashes[-1] - stashes[-2]
             per_chunk = _on_the_line(ks, [{"s": s} for s in stashes], n)["s"] - n * per_layer
@@ -190,8 +196,10 @@ def _probe_plan(plan: Plan) -> Plan:
              if it.stage == 0]  # fmt: skip
     steady = "F" in first[first.index("B") :]
     m = min(plan.microbatches, 3 if steady and not gpipe else 2)
+    # a split backward is probed split: what its W passes keep is the probe's own
+    schedule = plan.schedule if plan.schedule in ZERO_BUBBLE else "gpipe" if gpipe else "1f1b"
     # the recomputation the program runs: selective has nothing to drop under FlashAttention
-    probe = plan.replace(pp=2, microbatches=m, virtual_stages=1, schedule="gpipe" if gpipe else "1f1b")
+    probe = plan.replace(pp=2, microbatches=m, virtual_stages=1, schedule=schedule)
     return probe.replace(recompute=Roles.of(plan).recompute)
 
 

@@ -18,6 +18,7 @@ from ..memory import fmt_bytes
 from ..models import TransformerConfig, get, reference
 from ..pictures import trace_table
 from ..plans import Plan
+from ..strategies.pipeline.schedule import make
 from ..tracing import Trace, phase, trace
 from . import context_parallel
 from .blocks import layer_backward, layer_forward
@@ -67,14 +68,23 @@ def walk(model: str | TransformerConfig, plan: str | Plan) -> str:
         dout = shard(np.ones(y.global_shape) / y.global_shape[0], mesh, roles.act(), label="dOut")
         with phase("backward"):
             start = len(t.events)
-            layer_backward(step, 0, saved, dout)
+            _, grads = layer_backward(step, 0, saved, dout)
             bwd = t.events[start:]
-    for name, events in (("Forward", fwd), ("Backward", bwd)):
+            start = len(t.events)
+            grads.run()  # a split backward's W pass (nothing left to run otherwise)
+            wgt = t.events[start:]
+    passes = [("Forward", fwd), ("Backward", bwd)]
+    if wgt:
+        passes = [("Forward", fwd), ("Backward, B: the input's gradient", bwd), ("Backward, W: the weights'", wgt)]
+    for name, events in passes:
         coll = [e for e in events if e.is_collective]
         sent = sum(e.sent_bytes for e in coll)
         flops = sum(e.flops for e in events)
         out.append(f"\n{name}: {len(coll)} collectives, {fmt_bytes(sent)} sent and {flops:,} FLOPs per chip")
         out.append(trace_table(Trace(events=list(events))))
+    if plan.pp > 1:  # the stages' order of work, as the papers draw it
+        sched = make(plan.schedule, plan.pp, plan.microbatches, plan.virtual_stages)
+        out.append(f"\nThe {plan.schedule} schedule, one column per step:\n{sched.grid()}")
     out.append("\nStored for the backward pass, per chip:")
     for k, n in kept.items():
         out.append(f"  {k:<22} {fmt_bytes(n):>10}")
