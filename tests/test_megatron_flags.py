@@ -70,6 +70,7 @@ def test_every_plan_megatron_expresses_survives_the_round_trip(
     [
         (Plan(dp=4, zero=3), r"zero=3: .* ZeRO-1 \(--use-distributed-optimizer\) at most"),
         (Plan(dp=2, pp=2, schedule="gpipe", microbatches=2), "schedule=gpipe"),
+        (Plan(dp=2, pp=2, schedule="zb-h1", microbatches=2), "schedule=zb-h1: Megatron-LM's flags here run 1F1B"),
         (Plan(dp=2, cp=2, cp_balanced=False), "cp_balanced=False"),
     ],
 )

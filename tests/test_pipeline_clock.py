@@ -33,6 +33,8 @@ WIDE = get("llama3-8b").scaled(layers=8)
         (TINY, 16, "dp=2,pp=4,microbatches=8", "h100"),
         (TINY, 16, "pp=2,microbatches=4,schedule=gpipe", "h100"),
         (TINY, 16, "pp=2,microbatches=4,schedule=interleaved,virtual_stages=2", "h100"),
+        (TINY, 16, "dp=2,tp=2,pp=2,microbatches=4,schedule=zb-h1", "h100"),
+        (TINY, 16, "dp=2,pp=4,microbatches=8,schedule=zb-h2", "h100"),
         (WIDE, 2048, "dp=2,tp=4,pp=2,microbatches=8", "h100"),
         (WIDE, 2048, "dp=4,tp=2,pp=4,microbatches=8,recompute=full", "a100"),
         (WIDE, 4096, "tp=8,pp=2,microbatches=4,schedule=interleaved,virtual_stages=2,attention=flash", "h100"),
@@ -78,7 +80,7 @@ def _model_flops(prog) -> float:
     return sum(
         s.event.flops * chips_running(prog.mesh, s.event.where)
         for s in prog.steps
-        if s.event.flops and s.event.phase in ("forward", "backward")
+        if s.event.flops and s.event.phase in ("forward", "backward", "weight")
     )
 
 

@@ -92,6 +92,8 @@ def test_plans_torchtitan_cannot_express_and_bad_files(tmp_path: Path) -> None:
         to_torchtitan(Launch(Plan(tp=2), 1, 1, 16))
     with pytest.raises(PlanError, match="recompute=selective: torchtitan's selective checkpointing is per op"):
         to_torchtitan(Launch(Plan(dp=2, recompute="selective", attention="standard"), 1, 2, 16))
+    with pytest.raises(PlanError, match="schedule=zb-h1: torchtitan's schedules here are"):
+        to_torchtitan(Launch(Plan(dp=2, zero=3, pp=2, microbatches=2, schedule="zb-h1"), 1, 4, 16))
     bad = tmp_path / "job.toml"
     bad.write_text("[training\n")
     with pytest.raises(PlanError, match="not TOML"):

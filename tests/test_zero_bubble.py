@@ -9,15 +9,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardsim import Mesh, ShapeDtype, ShardingError, shard
-from shardsim.models import TransformerConfig, reference
+from shardsim import Mesh, ShapeDtype, ShardingError, planner, shard
+from shardsim.cost import estimate
+from shardsim.cost.layer_program import LayerCache
+from shardsim.cost.pipeline_clock import clock
+from shardsim.models import TransformerConfig, get, reference
+from shardsim.planner.evaluate import step_clock
+from shardsim.planner.space import Candidate
 from shardsim.plans import Plan, PlanError
 from shardsim.strategies.pipeline.execute import PipelineStep
 from shardsim.strategies.pipeline.schedule import make, one_f_one_b, zb_h1, zb_h2
+from shardsim.training import model_memory
 from shardsim.transformer.run import run_model
 from test_run_model import check_against_reference
 
 BASE = TransformerConfig(layers=4, d_model=8, heads=2, d_ff=16, vocab=8, seq=8)
+TINY = get("llama-tiny").scaled(layers=8, tie_embeddings=False, seq=64)  # the cost model's
 
 
 @st.composite
@@ -174,3 +181,55 @@ def test_bad_zero_bubble_plans_are_refused_by_rule() -> None:
     ctx = Ctx(axes={"pipe": "Z"})
     with pytest.raises(ShardingError, match="splits each backward into B and W"):
         PipelineStep(ctx, x, {"w_in": w, "w_out": w}, zb_h1(2, 2), lambda *a: a, lambda *a: a)
+
+
+@pytest.mark.parametrize("p", [4, 8])
+@pytest.mark.parametrize("m", [8, 16, 32])
+def test_the_clock_on_the_traced_layer_gives_the_closed_forms(p: int, m: int) -> None:
+    """T_F, T_B and T_W read off the traced layer (its B and W passes timed apart), every stage
+    given the same layers: the pipeline clock's bubble is each schedule's closed form within 2%."""
+    cache = LayerCache(TINY, "h100", seq=64)
+    for schedule in ("1f1b", "zb-h1", "zb-h2"):
+        lay = cache.layer(Plan.parse(f"pp={p},microbatches={m},schedule={schedule}"), 1)
+        per = lay.per_layer
+        tf, tw = per.fwd, per.wgt
+        tb = per.bwd - tw
+        assert tw == 0 if schedule == "1f1b" else tb > tw > 0
+        span, _, busy = clock(make(schedule, p, m, 1), [tf] * p, [per.bwd] * p, wgt=[tw] * p)
+        assert busy == pytest.approx(m * (tf + tb + tw))
+        want = {"1f1b": (p - 1) * (tf + tb + tw), "zb-h1": (p - 1) * (tf + tb - tw),
+                "zb-h2": (p - 1) * max(tf, tf + tb - 2 * tw)}[schedule]  # fmt: skip
+        if schedule == "zb-h2" and m < 2 * p:
+            continue
+        assert span - busy == pytest.approx(want, rel=0.02), schedule
+
+
+def test_an_estimate_of_a_zero_bubble_plan_reads_its_w_passes() -> None:
+    """The estimate's time line runs the W passes (their own phase), its bubble is smaller than
+    1F1B's, and its step is the planner's clock for the same plan."""
+    cfg = TINY
+    one = estimate(cfg, "pp=4,microbatches=8", "h100", batch_tokens=8 * 64, seq=64)
+    zb = estimate(cfg, "pp=4,microbatches=8,schedule=zb-h1", "h100", batch_tokens=8 * 64, seq=64)
+    assert "weight" in zb.phases and "weight" not in one.phases
+    assert zb.bubble_s < one.bubble_s and zb.step_s < one.step_s
+    cache = LayerCache(cfg, "h100", seq=64)
+    c = Candidate(Plan.parse("pp=4,microbatches=8,schedule=zb-h1"), 1, 8)
+    assert step_clock(cache, c)[0] == pytest.approx(zb.step_s, rel=1e-9)
+
+
+def test_the_estimated_memory_of_a_split_pipeline_bounds_the_traced_one() -> None:
+    """The two-stage probe counts each microbatch held until its W as a whole stash: at or above
+    the fully traced step's peak, and within a quarter of it."""
+    cfg = TINY
+    for text in ("pp=4,microbatches=8,schedule=zb-h1", "pp=4,microbatches=8,schedule=zb-h2",
+                 "dp=2,tp=2,sp,pp=2,microbatches=4,schedule=zb-h1"):  # fmt: skip
+        plan = Plan.parse(text)
+        probed = model_memory(cfg, plan, batch=plan.dp * 8, seq=16)[0]["total"]
+        traced = model_memory(cfg, plan, batch=plan.dp * 8, seq=16, full=True)[0]["total"]
+        assert traced <= probed <= 1.25 * traced, text
+
+
+def test_the_planner_says_how_zero_bubble_compares() -> None:
+    table = planner.plan(TINY, "h100", 8, 8 * 64, 64, pp=4)
+    line = next(x for x in str(table).splitlines() if x.startswith("schedule: "))
+    assert "zero bubble" in line or table.best.plan.schedule in ("zb-h1", "zb-h2")

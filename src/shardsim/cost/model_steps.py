@@ -317,7 +317,7 @@ def _template_microbatches(plan: Plan) -> int:
 
 
 # -- repeating the template --------------------------------------------------------------------
-_ITEM = re.compile(r"([FB])(\d+)\.(\d+)")
+_ITEM = re.compile(r"([FBW])(\d+)\.(\d+)")
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,7 @@ def item_timeline(plan: Plan, lay: Layer, layers: int, send: float, title: str =
             bars.append(_comm(len(bars), where, "ppermute", (pipe,), f"{side}{k} send", "forward" if forward
                               else "backward", sent - send, sent, 0.0))  # fmt: skip
         if last and reduced_over and ps.sync[k] > 0:
-            done = start + ps.fused[k] - (ps.bwd[k] - wgt[k])  # from the last W's start when the backward is split
+            done = start + ps.fused[k] - (ps.bwd[k] - wgt[k] if sched.split else 0.0)  # from the last W's start
             bars.append(_comm(len(bars), where, "all_reduce", reduced_over, f"d chunk {k}", "backward",
                               done - ps.sync[k], done, max(0.0, min(done, end) - (done - ps.sync[k]))))  # fmt: skip
     return Timeline(bars, step, True, title)

@@ -145,8 +145,8 @@ def to_megatron(launch: Launch) -> list[str]:
     p = launch.plan
     if p.zero > 1:
         raise PlanError(f"zero={p.zero}: Megatron-LM's flags here express ZeRO-1 (--use-distributed-optimizer) at most")
-    if p.pp > 1 and p.schedule == "gpipe":
-        raise PlanError("schedule=gpipe: Megatron-LM runs 1F1B or the interleaved schedule")
+    if p.pp > 1 and p.schedule not in ("1f1b", "interleaved"):
+        raise PlanError(f"schedule={p.schedule}: Megatron-LM's flags here run 1F1B or the interleaved schedule")
     if p.cp > 1 and not p.cp_balanced:
         raise PlanError("cp_balanced=False: Megatron-LM's context parallelism balances the causal chunks")
     out: list[str] = []

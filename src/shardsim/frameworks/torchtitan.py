@@ -190,7 +190,10 @@ def to_torchtitan(launch: Launch) -> str:
         "tensor_parallel_degree": p.tp, "pipeline_parallel_degree": p.pp, "context_parallel_degree": p.cp,
     }  # fmt: skip
     if p.pp > 1:
-        schedule = {v: k for k, v in _SCHEDULES.items()}[p.schedule]
+        names = {v: k for k, v in _SCHEDULES.items()}
+        if p.schedule not in names:  # its zero-bubble schedules are ZB-V and interleaved: not these
+            raise PlanError(f"schedule={p.schedule}: torchtitan's schedules here are {sorted(names)}")
+        schedule = names[p.schedule]
         parallelism |= {"pipeline_parallel_schedule": schedule, "pipeline_parallel_microbatch_size": launch.micro_batch}
     if p.cp > 1:
         parallelism["context_parallel_rotate_method"] = "allgather" if p.cp_method == "all_gather" else "alltoall"
