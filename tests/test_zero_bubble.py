@@ -19,7 +19,7 @@ from shardsim.planner.space import Candidate
 from shardsim.plans import Plan, PlanError
 from shardsim.strategies.pipeline.execute import PipelineStep
 from shardsim.strategies.pipeline.schedule import make, one_f_one_b, zb_h1, zb_h2
-from shardsim.training import model_memory
+from shardsim.training import AdamW, Trainer, model_memory
 from shardsim.transformer.run import run_model
 from test_run_model import check_against_reference
 
@@ -233,3 +233,21 @@ def test_the_planner_says_how_zero_bubble_compares() -> None:
     table = planner.plan(TINY, "h100", 8, 8 * 64, 64, pp=4)
     line = next(x for x in str(table).splitlines() if x.startswith("schedule: "))
     assert "zero bubble" in line or table.best.plan.schedule in ("zb-h1", "zb-h2")
+
+
+def test_three_adamw_steps_equal_1f1b_with_every_w_before_the_update() -> None:
+    """The optimizer steps once every deferred W has run: three AdamW steps under ZB-H1 and
+    ZB-H2 leave the weights 1F1B leaves, to the bit."""
+    plan_of = {s: Plan.parse(f"dp=2,pp=2,microbatches=2,schedule={s}") for s in ("1f1b", "zb-h1", "zb-h2")}
+    params = reference.init(BASE, seed=1, dtype="float64")
+    rng = np.random.default_rng(0)
+    tokens, targets = rng.integers(0, BASE.vocab, (8, BASE.seq)), rng.integers(0, BASE.vocab, (8, BASE.seq))
+    after = {}
+    for name, plan in plan_of.items():
+        trainer = Trainer.for_model(BASE, plan, plan.mesh(), params, AdamW(lr=1e-2))
+        for _ in range(3):
+            trainer.step(tokens, targets)
+        after[name] = trainer.params_global()
+    for key, want in after["1f1b"].items():
+        for name in ("zb-h1", "zb-h2"):
+            np.testing.assert_array_equal(after[name][key], want, err_msg=f"{name} {key}")

@@ -65,6 +65,7 @@ PLANS = (
     "dp=2,tp=2",
     "dp=2,zero=1,tp=2,pp=2,microbatches=2",
     "dp=2,tp=2,pp=2,schedule=interleaved,virtual_stages=2,microbatches=2",
+    "dp=2,tp=2,pp=2,schedule=zb-h1,microbatches=2",
     "pp=2,microbatches=2",
     "cp=2",
     "cp=2,pp=2,microbatches=2",
