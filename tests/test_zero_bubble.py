@@ -230,7 +230,7 @@ def test_the_estimated_memory_of_a_split_pipeline_bounds_the_traced_one() -> Non
 
 
 def test_the_planner_says_how_zero_bubble_compares() -> None:
-    table = planner.plan(TINY, "h100", 8, 8 * 64, 64, pp=4)
+    table = planner.plan(TINY, "h100", 8, 8 * 64, 64, pp=4, zero_bubble=True)
     line = next(x for x in str(table).splitlines() if x.startswith("schedule: "))
     assert "zero bubble" in line or table.best.plan.schedule in ("zb-h1", "zb-h2")
 
@@ -251,3 +251,31 @@ def test_three_adamw_steps_equal_1f1b_with_every_w_before_the_update() -> None:
     for key, want in after["1f1b"].items():
         for name in ("zb-h1", "zb-h2"):
             np.testing.assert_array_equal(after[name][key], want, err_msg=f"{name} {key}")
+
+
+def test_the_planner_searches_zero_bubble_when_asked() -> None:
+    """Off by default (each split backward is its own layer program and memory probe); on with
+    ``zero_bubble=True``; by name (``schedule="zb-h2"``) whatever ``m``."""
+
+    def schedules(**options: object) -> set[str]:
+        table = planner.plan(TINY, "h100", 8, 8 * 64, 64, pp=4, microbatches=4, **options)
+        return {e.plan.schedule for e in table.rows} | {r.candidate.plan.schedule for r in table.rejected}
+
+    assert not schedules() & {"zb-h1", "zb-h2"}
+    assert "zb-h1" in schedules(zero_bubble=True) and "zb-h2" not in schedules(zero_bubble=True)  # m < 2p
+    assert schedules(schedule="zb-h2") == {"zb-h2"}
+
+
+def test_shardsim_plan_and_estimate_take_zero_bubble(capsys: pytest.CaptureFixture[str]) -> None:
+    from shardsim import cli
+
+    argv = ["plan", "--model", "llama-tiny", "--hardware", "h100", "--chips", "8", "--batch-tokens", "64",
+            "--seq", "16", "--fix", "pp=2,microbatches=4", "--zero-bubble"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "zb-h1" in out and any(line.startswith("schedule: ") for line in out.splitlines())
+    argv = ["estimate", "--model", "llama-tiny", "--plan", "pp=2,microbatches=4,schedule=zb-h2", "--hardware",
+            "h100", "--chips", "2", "--batch-tokens", "64", "--seq", "16"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "pipeline zb-h2, 2 stages x 4 microbatches" in out and "w/W weight gradients" in out

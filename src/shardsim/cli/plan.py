@@ -63,6 +63,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=count("columns"), default=10, help="rows to print (default 10)")
     parser.add_argument("--json", action="store_true", help="print every figure as JSON")
     parser.add_argument(
+        "--zero-bubble", action="store_true", help="search the zero-bubble schedules (zb-h1, zb-h2) too"
+    )
+    parser.add_argument(
         "--emit",
         choices=("megatron", "deepspeed", "torchtitan"),
         help="also print the best plan as that framework's configuration",
@@ -77,6 +80,8 @@ def cli_plan(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {k: _value(k, v) for k, v in args.fix.items()}
     if args.allow is not None:
         options["allow"] = _allowed(args.allow)
+    if args.zero_bubble:
+        options["zero_bubble"] = True
     hardware = HARDWARE if args.hardware is None else args.hardware
     model = args.model if args.hf_config is None else from_hf_config(args.hf_config, seq=args.seq)
     table = plan(

@@ -95,8 +95,11 @@ class Constraints:
     tensor-parallel degree (default the fast domain: TP within the NVLink domain; raise it to
     weigh TP across the slow network); ``cp_max``: the largest context-parallel degree
     (default one chip per 8,192 tokens of the sequence, as Llama 3 ran CP 16 at 131,072
-    tokens; none for a mixture of experts). Sequence parallelism is searched on
-    and off wherever TP is, unless ``sp`` is fixed.
+    tokens; none for a mixture of experts); ``zero_bubble``: search the zero-bubble schedules
+    beside 1F1B, GPipe and interleaving (ZB-H1, and ZB-H2 where ``m >= 2p``; off by default:
+    each split backward is a layer program and a memory probe of its own, which doubles the
+    published searches' time, and interleaving beats them wherever the layers divide into
+    chunks). Sequence parallelism is searched on and off wherever TP is, unless ``sp`` is fixed.
 
     >>> Constraints.of(tp=8, headroom=0.1).fixed
     {'tp': 8}
@@ -109,6 +112,7 @@ class Constraints:
     micro_range: tuple[int, int] = (1, 64)
     tp_max: int | None = None
     cp_max: int | None = None
+    zero_bubble: bool = False
 
     @classmethod
     def of(cls, **options: Any) -> Constraints:
@@ -179,6 +183,10 @@ class Constraints:
                 raise PlannerError(
                     f"batch_range={self.batch_range}: give (smallest, largest) tokens, lo <= hi; e.g. ({hi}, {lo})"
                 )
+        if not isinstance(self.zero_bubble, bool):
+            raise PlannerError(
+                f"zero_bubble={self.zero_bubble!r}: True searches the zero-bubble schedules too, False not"
+            )
         for name in ("tp_max", "cp_max"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
@@ -372,11 +380,10 @@ def _schedules(model: TransformerConfig, pp: int, m: int, c: Constraints) -> lis
     if pp == 1:
         return [("1f1b", 1)] if c.options("schedule", ["1f1b"]) else []
     # ZB-H2's extra forwards fill the bubble once each stage has 2p of them to run
-    out = [
-        (s, 1)
-        for s in c.options("schedule", ["1f1b", "gpipe", *ZERO_BUBBLE])
-        if s != "zb-h2" or m >= 2 * pp or "schedule" in c.fixed
-    ]
+    zero_bubble = [s for s in ZERO_BUBBLE if c.zero_bubble and (s != "zb-h2" or m >= 2 * pp)]
+    out = [(s, 1) for s in c.options("schedule", ["1f1b", "gpipe", *zero_bubble])]
+    if c.fixed.get("schedule") in ZERO_BUBBLE:  # asked for by name: searched whatever m
+        out = [(c.fixed["schedule"], 1)]
     if "interleaved" in c.options("schedule", ["interleaved"]) and m % pp == 0:
         for v in c.options("virtual_stages", [2, 4, 8]):
             if v > 1 and stage_layers(model.layers, pp * v) is not None:
