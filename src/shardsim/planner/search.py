@@ -39,7 +39,7 @@ from ..errors import CostModelError, PlanError, PlannerError, ShardsimError
 from ..mesh import MAX_CHIPS, Mesh
 from ..models import TransformerConfig
 from ..models.presets import get as get_model
-from ..plans import Plan
+from ..plans import ZERO_BUBBLE, Plan
 from ..training import policies
 from ..training.policies import BytePolicy
 from .bounds import memory_bound, stage_bound, stage_memory_bound, state_bytes, time_bound
@@ -324,7 +324,8 @@ def _walk(
         try:
             # the traced layer bounds the step before it is timed on the candidate's placement (its
             # compute alone) and, in a pipeline, again once it is (its time) before the schedule's clock runs
-            fwd = cache.compute_per_layer(c.plan, c.micro, "forward") if c.plan.pp > 1 else 0.0
+            split = c.plan.pp > 1 and c.plan.schedule in ZERO_BUBBLE  # its bound is the ramp of forwards
+            fwd = cache.compute_per_layer(c.plan, c.micro, "forward") if split else 0.0
             lb = stage_bound(cfg, c, cache.compute_per_layer(c.plan, c.micro), fwd) / c.tokens(seq)
             if c.plan.pp > 1 and lb < best * (1 + window):
                 per = cache.layer(c.plan, c.micro, c.order).per_layer
