@@ -149,6 +149,8 @@ def test_a_mixture_of_experts_accumulates_and_reduces_its_experts_once() -> None
         "dp=2,zero=1,pp=4,microbatches=8",
         "pp=2,microbatches=4,schedule=gpipe,recompute=full",
         "tp=2,sp,pp=2,microbatches=4,schedule=interleaved,virtual_stages=2",
+        "dp=2,tp=2,sp,pp=2,microbatches=4,schedule=zb-h1",
+        "dp=2,pp=4,microbatches=8,schedule=zb-h2",
     ],
 )
 def test_a_pipelined_plan_estimates_to_the_planners_figures(spec: str) -> None:

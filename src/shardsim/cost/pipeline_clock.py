@@ -100,6 +100,25 @@ def _slots(sched: Schedule) -> Slots:
     return _COMPILED[id(sched)][1]
 
 
+def _tables(
+    sched: Schedule,
+    fwd: Sequence[float],
+    bwd: Sequence[float],
+    wgt: Sequence[float] | None,
+    reduced: Sequence[float] | None,
+) -> tuple[list[float], list[float] | None]:
+    """Each slot's seconds (:func:`_slots`: F, B and, when the backward is split, W, whose B is
+    the backward less its W) and, given the reductions' ends from the last whole backward's
+    start, each slot's from its own start (the last W's when the backward is split)."""
+    v = len(fwd)
+    if not sched.split:
+        return [*fwd, *bwd], None if reduced is None else [0.0] * v + list(reduced)
+    if wgt is None:
+        raise ValueError(f"the {sched.name} schedule splits the backward: clock() needs its W seconds (wgt)")
+    b = [whole - w for whole, w in zip(bwd, wgt)]
+    return [*fwd, *b, *wgt], None if reduced is None else [0.0] * 2 * v + [r - x for r, x in zip(reduced, b)]
+
+
 def clock(
     sched: Schedule,
     fwd: Sequence[float],
@@ -131,16 +150,8 @@ def clock(
     >>> clock(s, [1.0] * 3, [2.0] * 3, reduced=[5.0] * 3)[1] - 18.0  # the last backward's reduction: 5 s from its start
     3.0
     """
-    p, v = sched.stages, len(fwd)
-    if sched.split:
-        if wgt is None:
-            raise ValueError(f"the {sched.name} schedule splits the backward: clock() needs its W seconds (wgt)")
-        b = [whole - w for whole, w in zip(bwd, wgt)]
-        dur = [*fwd, *b, *wgt]
-        tail_of = [0.0] * 2 * v + [r - x for r, x in zip(reduced, b)] if reduced is not None else None
-    else:
-        dur = [*fwd, *bwd]
-        tail_of = [0.0] * v + list(reduced) if reduced is not None else None
+    p = sched.stages
+    dur, tail_of = _tables(sched, fwd, bwd, wgt, reduced)
     arrive: list[float] = []
     free = [0.0] * p
     link = [0.0] * p
@@ -184,8 +195,8 @@ def item_timeline(plan: Plan, lay: Layer, layers: int, send: float, title: str =
     ps = passes(lay, layers, p, v)
     starts: list[tuple[float, float]] = []
     _, step, _ = clock(sched, ps.fwd, ps.bwd, send, ps.fused, starts, ps.wgt)
-    wgt = ps.wgt if sched.split else [0.0] * len(ps.wgt)
-    durations = [*ps.fwd, *(b - w for b, w in zip(ps.bwd, wgt)), *wgt]
+    durations, tails = _tables(sched, ps.fwd, ps.bwd, ps.wgt, ps.fused)
+    assert tails is not None
     axes = plan.axes()
     pipe = axes["pipe"]
     reduced_over = tuple(axes[r] for r in ("data", "context") if plan.degree(r) > 1)
@@ -208,7 +219,7 @@ def item_timeline(plan: Plan, lay: Layer, layers: int, send: float, title: str =
             bars.append(_comm(len(bars), where, "ppermute", (pipe,), f"{side}{k} send", "forward" if forward
                               else "backward", sent - send, sent, 0.0))  # fmt: skip
         if last and reduced_over and ps.sync[k] > 0:
-            done = start + ps.fused[k] - (ps.bwd[k] - wgt[k] if sched.split else 0.0)  # from the last W's start
+            done = start + tails[slot]
             bars.append(_comm(len(bars), where, "all_reduce", reduced_over, f"d chunk {k}", "backward",
                               done - ps.sync[k], done, max(0.0, min(done, end) - (done - ps.sync[k]))))  # fmt: skip
     return Timeline(bars, step, True, title)

@@ -59,7 +59,7 @@ class WeightGrads(dict[str, ShardedArray]):
     def run(self) -> dict[str, ShardedArray]:
         """The W pass: every kept piece of work, in the order ``B`` kept it; then every gradient."""
         with phase("weight"):
-            while self.work:
+            while self.work:  # popped, so each piece's operands are let go as soon as it has run
                 self.update(self.work.pop(0)())
         return dict(self)
 

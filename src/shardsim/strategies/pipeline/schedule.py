@@ -81,7 +81,7 @@ class Schedule:
     chunks: int
     items: tuple[Item, ...]
 
-    @property
+    @functools.cached_property  # read by every clock of a search: the items are walked once
     def split(self) -> bool:
         """Whether the backward is split into ``B`` and a later ``W`` (the zero-bubble schedules)."""
         return any(it.kind == "W" for it in self.items)
