@@ -34,7 +34,7 @@ ROOMS = (
     "strategies",  # one module per parallelism or scheme, pipeline and context parallelism
     "transformer",  # the transformer model run under a plan
     "training",  # optimizers, precision, trainers
-    "programs",  # an engine's program of a step (engines/<engine>/program.py) and the package exporting it
+    "programs",  # an engine's programs of a step (engines/<engine>/program.py, model.py) and their package
     "cost",  # the analytic cost model and estimates
     "planner",  # searches plans with the cost model
     "calibration",  # fits the cost model to measurements by running the planner
@@ -53,6 +53,7 @@ FRONT_ENDS = {"__main__", "cli", "_cli_args", "_cli_output", "_options", "suppor
 LAYERS: list[tuple[str, ...]] = [
     ("errors",),
     (
+        "xp",
         "_blocks",
         "_divisors",
         "dtypes",
@@ -122,7 +123,7 @@ def room_of(name: str) -> str:
         return "cli" if path.stem in FRONT_ENDS else "core"
     if path.stem == "cli":
         return "cli"
-    if path.parts[0] == "engines" and len(path.parts) == 3 and path.stem in ("program", "__init__"):
+    if path.parts[0] == "engines" and len(path.parts) == 3 and path.stem in ("program", "model", "__init__"):
         return "programs"
     return FOLDERS[path.parts[0]]
 

@@ -16,22 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from .errors import ShardingError
+from .xp import namespace
 
 Fn = Callable[[np.ndarray], np.ndarray]
 
 _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
 _GELU_C = 0.044715
-
-
-def namespace(x: Any) -> Any:
-    """The array API namespace of ``x`` (NumPy for NumPy arrays and scalars)."""
-    get = getattr(x, "__array_namespace__", None)
-    return np if get is None else get()
 
 
 def _identity(x: np.ndarray) -> np.ndarray:

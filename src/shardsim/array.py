@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _blocks
+from . import _blocks, engines
 from .dtypes import resolve_dtype
 from .engines.stacked import LazyMatmul as _LazyMatmul
 from .errors import (
@@ -489,7 +489,7 @@ def shard(
     local_shape_of(mesh, lay, shape)  # validates rank and divisibility with a clear message
     idx = mesh.axis_index
     compact = _blocks.from_global(data, [tuple(idx(a) for a in d.axes) for d in lay.dims], mesh.shape)
-    compact = read_only(compact)
+    compact = engines.active().own_blocks(read_only(compact), mesh.axis_names)
     return ShardedArray(mesh, lay, shape, data.dtype, compact, label=label, category=category)
 
 

@@ -37,12 +37,14 @@ from typing import Any, cast
 
 import numpy as np
 
+from . import engines
 from .array import ShardedArray, check_same_kind, check_same_mesh, compact_shape, local_shape_of
 from .dtypes import resolve_dtype
 from .errors import DivisibilityError, PartialSumError, ShapeError, ShardingError
 from .holders import held_text
 from .layout import Dim, Layout
 from .mesh import normalize_axes
+from .xp import namespace
 
 __all__ = ["blockwise", "concat", "held_text", "place", "split", "stack", "take"]
 
@@ -322,15 +324,18 @@ def blockwise(
             raise ShapeError(f"blockwise: fn returned {len(got)} values for {len(specs)} outputs")
         for k, (blocks, lay, shape) in enumerate(zip(got, layouts, shapes)):
             want = compact_shape(mesh, lay, local_shape_of(mesh, lay, shape))
-            blocks = np.asarray(blocks)
+            xp = namespace(blocks)
+            blocks = xp.asarray(blocks)
             nm = len(mesh.shape)
+            if engines.active().per_device:  # one chip's block: every mesh dim is 1
+                want = (1,) * nm + want[nm:]
             lead_ok = all(g in (1, w) for g, w in zip(blocks.shape[:nm], want[:nm]))
             if blocks.ndim != len(want) or not lead_ok or blocks.shape[nm:] != want[nm:]:
                 raise ShapeError(
                     f"blockwise: output {k} ({lay} {shape}) needs stacked blocks of shape {want} "
                     f"(mesh dims first, 1 where replicated), fn returned {blocks.shape}"
                 )
-            results[k] = np.broadcast_to(blocks, want[:nm] + blocks.shape[nm:]).astype(dtypes[k], copy=False)
+            results[k] = xp.broadcast_to(blocks, want[:nm] + blocks.shape[nm:]).astype(dtypes[k], copy=False)
     outs = [
         ShardedArray(mesh, lay, shape, dt, data, label=label, derived_from=inputs)
         for lay, shape, dt, data in zip(layouts, shapes, dtypes, results)

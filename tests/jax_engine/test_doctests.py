@@ -12,6 +12,7 @@ pytest.importorskip("jax")
 MODULES = [
     "shardsim.engines.jax",
     "shardsim.engines.jax.kernels",
+    "shardsim.engines.jax.model",
     "shardsim.engines.jax.placement",
     "shardsim.engines.jax.program",
     "shardsim.training.jax_step",

@@ -53,12 +53,24 @@ class Engine:
     ``lazy_partials`` says whether a matmul's partial sum may stay a :class:`LazyMatmul`
     (only on the stacked engine, whose reductions know how to fold it); ``reads_data``
     whether the front end may inspect the numbers (for checks such as overflow of a scaled
-    partial sum), which a tracing engine's data does not allow.
+    partial sum), which a tracing engine's data does not allow; ``per_device`` whether a
+    value's data is one chip's block (every mesh dimension 1) rather than every chip's.
     """
 
     name = "engine"
     lazy_partials = False
     reads_data = False
+    per_device = False
+
+    def chip_index(self, nm: int, position: int, name: str, size: int) -> Any:
+        """Each chip's index along mesh axis ``name`` (``position`` of ``nm``, ``size`` chips),
+        as an integer array with the mesh dims leading, to broadcast against blocks."""
+        raise NotImplementedError
+
+    def own_blocks(self, c: np.ndarray, names: tuple[str, ...]) -> Any:
+        """The engine's data of a value whose every chip's block is stacked in ``c`` (mesh dims
+        leading, named ``names``): a host constant such as a mask or the sequence's positions."""
+        raise NotImplementedError
 
     def cast(self, c: Any, dtype: Any) -> Any:
         raise NotImplementedError
@@ -120,6 +132,16 @@ class StackedEngine(Engine):
     name = "stacked"
     lazy_partials = True
     reads_data = True
+
+    def chip_index(self, nm: int, position: int, name: str, size: int) -> np.ndarray:
+        """``0 .. size-1`` along mesh dim ``position`` (every chip's index at once)."""
+        shape = [1] * nm
+        shape[position] = size
+        return np.arange(size).reshape(shape)
+
+    def own_blocks(self, c: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+        """``c`` itself: this engine's data is every chip's blocks."""
+        return c
 
     def cast(self, c: Any, dtype: Any) -> np.ndarray:
         """The data in ``dtype`` (no copy when it has it already)."""

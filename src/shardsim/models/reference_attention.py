@@ -21,15 +21,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ShapeError
+from ..xp import namespace
 from .reference_pieces import compute_dtype, dropout
 
 
 # -- rotary position embedding -----------------------------------------------------------------
 def _rotation(positions: np.ndarray, head_dim: int, theta: float, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """``cos, sin [S, 1, H/2]`` of angle ``position * theta^(-2j/H)`` (Su et al. 2021)."""
+    xp = namespace(positions)
     inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    angle = np.asarray(positions, dtype=np.float64)[:, None, None] * inv_freq
-    return np.cos(angle).astype(dtype), np.sin(angle).astype(dtype)
+    angle = xp.asarray(positions, dtype=np.float64)[:, None, None] * inv_freq
+    return xp.cos(angle).astype(dtype), xp.sin(angle).astype(dtype)
 
 
 def rope(x: np.ndarray, positions: np.ndarray, theta: float = 10000.0) -> np.ndarray:
@@ -46,8 +48,9 @@ def rope(x: np.ndarray, positions: np.ndarray, theta: float = 10000.0) -> np.nda
     if x.shape[-1] % 2:
         raise ShapeError(f"rope needs an even head dimension, got {x.shape[-1]} (x of shape {x.shape})")
     cos, sin = _rotation(positions, x.shape[-1], theta, x.dtype)
-    x1, x2 = np.split(x, 2, axis=-1)
-    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    half, xp = x.shape[-1] // 2, namespace(x)  # any engine's blocks: NumPy's, or jax.numpy's in shard_map
+    x1, x2 = x[..., :half], x[..., half:]
+    return xp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
 def rope_backward(dy: np.ndarray, positions: np.ndarray, theta: float = 10000.0) -> np.ndarray:

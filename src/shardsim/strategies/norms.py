@@ -39,6 +39,7 @@ import numpy as np
 
 from ..array import ShardedArray
 from ..ops import map_blocks, sum_dim
+from ..xp import namespace
 
 KINDS = ("layernorm", "rmsnorm")
 
@@ -74,7 +75,7 @@ def statistics(kind: str, x: ShardedArray, eps: float) -> Stats:
         mu = _sum_d(x) * _inv(x)
         xc = x - mu
     var = _sum_d(xc * xc) * _inv(x)
-    rstd = map_blocks(var, lambda v: (1.0 / np.sqrt(v + eps)).astype(v.dtype), "rsqrt", label="rstd")
+    rstd = map_blocks(var, lambda v: (1.0 / namespace(v).sqrt(v + eps)).astype(v.dtype), "rsqrt", label="rstd")
     return Stats(mu, rstd)
 
 

@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..activations import namespace
 from ..errors import ShardingError
+from ..xp import namespace
 from .scaling import number
 
 State = dict[str, np.ndarray]

@@ -36,8 +36,9 @@ def order(seq: int, cp: int, *, balanced: bool) -> np.ndarray:
 
 
 def permuted(ids: Any, rows: np.ndarray) -> Any:
-    """Token ids ``[B, S]`` in the order ``rows`` (shape-only ids have no order to change)."""
-    return ids if isinstance(ids, ShapeDtype) else np.asarray(ids)[:, rows]
+    """Token ids ``[B, S]`` in the order ``rows`` (shape-only ids have no order to change, and
+    placed ids, an engine's blocks, were put in it before they were placed)."""
+    return ids if isinstance(ids, (ShapeDtype, ShardedArray)) else np.asarray(ids)[:, rows]
 
 
 def positions(mesh: Mesh, roles: Roles, rows: np.ndarray) -> ShardedArray:

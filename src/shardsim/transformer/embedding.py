@@ -22,6 +22,7 @@ the embedding's backward adds ``dx`` rows into own vocabulary rows (SP: after Al
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 
 import numpy as np
@@ -29,6 +30,7 @@ import numpy as np
 from ..array import ShardedArray
 from ..collectives import all_gather, all_reduce
 from ..ops import cast, map_blocks, sum_dim
+from ..xp import namespace
 from . import norms
 from .context_parallel import permute_rows, position_grads
 from .local import (
@@ -99,7 +101,7 @@ def head_forward(
     if r.model is not None:
         m = all_gather(m, r.model, label="max")
     m = largest(m)
-    e = map_blocks(logits - m, np.exp, "exp")
+    e = map_blocks(logits - m, lambda a: namespace(a).exp(a), "exp")
     z = sum_dim(e, "V", keepdims=True, label="sum exp")  # 2.
     if r.model is not None:
         z = all_reduce(z, r.model, label="sum exp")
@@ -111,10 +113,22 @@ def head_forward(
     return {"max": m, "sum exp": z, "target logit": t}, {"x": x, "F": f, "Softmax": probs}
 
 
-def loss_value(parts: dict[str, ShardedArray]) -> float:
+def loss_value(parts: Mapping[str, ShardedArray]) -> float:
     """The mean over all tokens of ``log(sum exp) + max - target logit`` (read on the host)."""
-    lse = np.log(parts["sum exp"].to_global()[..., 0]) + parts["max"].to_global()[..., 0]
-    return float(np.mean(lse - parts["target logit"].to_global()))
+    return mean_loss(*(parts[k].to_global() for k in LOSS_PARTS))
+
+
+LOSS_PARTS = ("sum exp", "max", "target logit")
+"""The cross-entropy's per-token parts :func:`head_forward` returns, in :func:`mean_loss`'s order."""
+
+
+def mean_loss(sum_exp: np.ndarray, largest: np.ndarray, target_logit: np.ndarray) -> float:
+    """``mean(log(sum exp) + max - target logit)`` of the global ``[B, S, 1]``, ``[B, S, 1]``, ``[B, S]`` parts.
+
+    >>> mean_loss(np.ones((1, 2, 1)), np.zeros((1, 2, 1)), np.array([[0.0, 1.0]]))
+    -0.5
+    """
+    return float(np.mean(np.log(sum_exp[..., 0]) + largest[..., 0] - target_logit))
 
 
 def _head_grad(f_full: ShardedArray, dlogits: ShardedArray) -> ShardedArray:

@@ -20,11 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from .. import engines
 from ..array import ShapeDtype, ShardedArray, shard
 from ..layout import Dim, Layout
 from ..models import reference
 from ..ops import map_blocks
 from ..pieces import blockwise
+from ..xp import causal, namespace, scatter_add
 
 
 def dim(name: str, *axes: str | None) -> str:
@@ -104,7 +106,10 @@ def repeat_kv(k: ShardedArray, groups: int) -> ShardedArray:
     if groups == 1:
         return _view(k, layout, k.global_shape, None if k.is_shape_only else k.compact())
     shape = (k.global_shape[0], k.global_shape[1] * groups, *k.global_shape[2:])
-    return blockwise(lambda a: np.repeat(a, groups, axis=_nm(k) + 1), [k], (layout, shape, k.dtype), label=k.label)
+    nm = _nm(k)
+    return blockwise(
+        lambda a: namespace(a).repeat(a, groups, axis=nm + 1), [k], (layout, shape, k.dtype), label=k.label
+    )
 
 
 def fold_kv(dk: ShardedArray, groups: int) -> ShardedArray:
@@ -125,14 +130,15 @@ def expand_kv(w: ShardedArray, copies: int, model: str) -> ShardedArray:
     """Megatron's KV replication when the model axis has more chips than there are KV heads:
     ``[..., KH]`` (the same on every chip) -> ``[..., (tH)_model]``, chip j keeping the columns of
     KV head ``j // copies`` (no communication: every chip holds all of them)."""
-    pos, t = w.mesh.axis_index(model), w.mesh.axis_size(model)
+    nm, t = _nm(w), w.mesh.axis_size(model)
     h = w.global_shape[-1] * copies // t
     dims = w.layout.dims[:-1] + (Dim("KH", (model,)),)
+    chip = _chips(w, model)
 
     def fn(a: np.ndarray) -> np.ndarray:
         heads = a.reshape(a.shape[:-1] + (-1, h))  # (..., K, H)
-        mine = np.repeat(heads, copies, axis=-2)  # (..., t, H): chip j's head j // copies
-        return np.moveaxis(mine, -2, pos).squeeze(pos + 1)  # the copies onto the model axis
+        head = (chip // copies).reshape(chip.shape + (1,) * (heads.ndim - nm))  # chip j's head j // copies
+        return namespace(a).take_along_axis(heads, head, axis=-2)[..., 0, :]
 
     shape = w.global_shape[:-1] + (t * h,)
     return blockwise(fn, [w], (Layout(dims), shape, w.dtype), label=w.label)
@@ -142,14 +148,14 @@ def place_kv(d: ShardedArray, copies: int, model: str, kv_heads: int) -> Sharded
     """The inverse map for gradients: ``[B, S, (tH)_model] -> [B, S, KH]{U_model}``, chip j's
     block in the columns of KV head ``j // copies`` and zeros elsewhere; the sum over the
     chips adds each head's copies."""
-    nm, pos, t = _nm(d), d.mesh.axis_index(model), d.mesh.axis_size(model)
+    nm, t = _nm(d), d.mesh.axis_size(model)
     h = d.global_shape[-1] // t
-    owner = (np.arange(t) // copies)[:, None] == np.arange(kv_heads)  # (t, K)
-    shape_m = [1] * nm
-    shape_m[pos] = t
+    chip = _chips(d, model)
 
     def fn(a: np.ndarray) -> np.ndarray:
-        sel = owner.reshape(tuple(shape_m) + (1,) * (a.ndim - nm - 1) + (kv_heads, 1))
+        xp = namespace(a)
+        owner = (chip // copies)[..., None] == xp.arange(kv_heads)  # mesh dims + (K,)
+        sel = owner.reshape(chip.shape + (1,) * (a.ndim - nm - 1) + (kv_heads, 1))
         return (a[..., None, :] * sel).reshape(a.shape[:-1] + (kv_heads * h,))
 
     layout = f"[{d.layout.dims[0]}, {d.layout.dims[1]}, KH]{{U_{model}}}"
@@ -166,9 +172,9 @@ def causal_softmax(scores: ShardedArray, scale: float) -> ShardedArray:
     """``softmax(scores * scale)`` over the keys, key position <= query position, in float32."""
 
     def fn(s: np.ndarray) -> np.ndarray:
-        n = s.shape[-1]
-        z = np.where(np.tri(n, dtype=bool), _float(s) * scale, -np.inf)
-        e = np.exp(z - z.max(-1, keepdims=True))
+        xp = namespace(s)
+        z = xp.where(causal(s.shape[-1], xp), _float(s) * scale, -np.inf)
+        e = xp.exp(z - z.max(-1, keepdims=True))
         return (e / e.sum(-1, keepdims=True)).astype(s.dtype)
 
     return blockwise(fn, [scores], (scores.layout, scores.global_shape, scores.dtype), label="P")
@@ -205,28 +211,30 @@ def rope(
 
 def silu(x: ShardedArray) -> ShardedArray:
     """``x * sigmoid(x)``."""
-    return map_blocks(x, lambda a: (a / (1.0 + np.exp(-a))).astype(a.dtype), "silu", label="silu(gate)")
+    return map_blocks(x, lambda a: (a / (1.0 + namespace(a).exp(-a))).astype(a.dtype), "silu", label="silu(gate)")
 
 
 def silu_grad(x: ShardedArray) -> ShardedArray:
     """``d silu / dx = s (1 + x (1 - s))`` with ``s = sigmoid(x)``."""
 
     def fn(a: np.ndarray) -> np.ndarray:
-        s = 1.0 / (1.0 + np.exp(-a))
+        s = 1.0 / (1.0 + namespace(a).exp(-a))
         return (s * (1.0 + a * (1.0 - s))).astype(a.dtype)
 
     return map_blocks(x, fn, "silu'")
 
 
 # -- vocabulary-parallel pieces: chip j of the model axis owns rows j*V/t .. (j+1)*V/t ----------
-def _offsets(x: ShardedArray, model: str | None, rows: int) -> np.ndarray:
+def _chips(x: ShardedArray, axis: str) -> Any:
+    """Each chip's index along ``axis``, shaped to broadcast against compact blocks (mesh dims first)."""
+    return engines.active().chip_index(_nm(x), x.mesh.axis_index(axis), axis, x.mesh.axis_size(axis))
+
+
+def _offsets(x: ShardedArray, model: str | None, rows: int) -> Any:
     """Each chip's first vocabulary row, shaped to broadcast against compact blocks (mesh dims first)."""
-    nm = _nm(x)
-    shape = [1] * nm
     if model is None:
-        return np.zeros(shape, np.int64)
-    shape[x.mesh.axis_index(model)] = x.mesh.axis_size(model)
-    return (np.arange(x.mesh.axis_size(model)) * rows).reshape(shape)
+        return np.zeros([1] * _nm(x), np.int64)
+    return _chips(x, model) * rows
 
 
 def per_chip(fn: Callable[..., np.ndarray], *arrays: np.ndarray, nm: int) -> np.ndarray:
@@ -239,6 +247,9 @@ def per_chip(fn: Callable[..., np.ndarray], *arrays: np.ndarray, nm: int) -> np.
            [5, 4, 3]])
     """
     lead = np.broadcast_shapes(*(a.shape[:nm] for a in arrays))
+    if all(n == 1 for n in lead):  # one chip's blocks (or one for all): no loop, any namespace
+        out = fn(*(a.reshape(a.shape[nm:]) for a in arrays))
+        return out.reshape(lead + out.shape)
     full = [np.broadcast_to(a, lead + a.shape[nm:]) for a in arrays]
     first = fn(*(a[(0,) * nm] for a in full))
     out = np.empty(lead + first.shape, first.dtype)
@@ -260,7 +271,8 @@ def embed_lookup(embed: ShardedArray, tokens: ShardedArray, model: str | None) -
         mine = (local >= 0) & (local < v_local)
 
         def rows(eb: np.ndarray, lb: np.ndarray, mb: np.ndarray) -> np.ndarray:
-            return np.where(mb[..., None], eb[np.where(mb, lb, 0)], 0).astype(eb.dtype)
+            xp = namespace(eb)
+            return xp.where(mb[..., None], eb[xp.where(mb, lb, 0)], 0).astype(eb.dtype)
 
         return per_chip(rows, e, local, mine, nm=nm)
 
@@ -282,10 +294,8 @@ def embed_scatter(
         local = t - off.reshape(off.shape + (1,) * (t.ndim - nm))
 
         def add(db: np.ndarray, lb: np.ndarray) -> np.ndarray:
-            out = np.zeros((rows, db.shape[-1]), db.dtype)
-            mine = (lb >= 0) & (lb < rows)
-            np.add.at(out, lb[mine], db[mine])
-            return out
+            out = namespace(db).zeros((rows, db.shape[-1]), db.dtype)
+            return scatter_add(out, lb, db, where=(lb >= 0) & (lb < rows))
 
         return per_chip(add, d, local, nm=nm)
 
@@ -318,9 +328,10 @@ def target_logit(logits: ShardedArray, targets: ShardedArray, model: str | None)
     def fn(lg: np.ndarray, t: np.ndarray) -> np.ndarray:
         local = t - off.reshape(off.shape + (1,) * (t.ndim - nm))
         mine = (local >= 0) & (local < v_local)
-        lb = np.broadcast_to(lg, np.broadcast_shapes(lg.shape[:nm], t.shape[:nm]) + lg.shape[nm:])
-        picked = np.take_along_axis(lb, np.where(mine, local, 0)[..., None], -1)[..., 0]
-        return np.where(mine, picked, 0).astype(lg.dtype)
+        xp = namespace(lg)
+        lb = xp.broadcast_to(lg, np.broadcast_shapes(lg.shape[:nm], t.shape[:nm]) + lg.shape[nm:])
+        picked = xp.take_along_axis(lb, xp.where(mine, local, 0)[..., None], -1)[..., 0]
+        return xp.where(mine, picked, 0).astype(lg.dtype)
 
     return blockwise(fn, [logits, targets], (layout, targets.global_shape, logits.dtype), label="target logit")
 
@@ -332,7 +343,7 @@ def minus_onehot(probs: ShardedArray, targets: ShardedArray, model: str | None, 
 
     def fn(p: np.ndarray, t: np.ndarray) -> np.ndarray:
         local = t - off.reshape(off.shape + (1,) * (t.ndim - nm))
-        hit = local[..., None] == np.arange(v_local)
+        hit = local[..., None] == namespace(p).arange(v_local)
         return ((p - hit) * scale).astype(p.dtype)
 
     return blockwise(fn, [probs, targets], (probs.layout, probs.global_shape, probs.dtype), label="dLogits")
@@ -340,15 +351,12 @@ def minus_onehot(probs: ShardedArray, targets: ShardedArray, model: str | None, 
 
 def scatter_to(x: ShardedArray, index: int, axis: str) -> ShardedArray:
     """Keep each chip's part of dimension ``index`` along ``axis`` (no communication: it holds all of it)."""
-    nm, n = _nm(x), x.mesh.axis_size(axis)
-    pos = x.mesh.axis_index(axis)
+    nm, n, pos = _nm(x), x.mesh.axis_size(axis), x.mesh.axis_index(axis)
     dims = list(x.layout.dims)
     dims[index] = Dim(dims[index].name, dims[index].axes + (axis,))
 
     def fn(a: np.ndarray) -> np.ndarray:
-        a = np.squeeze(a, pos)
-        a = a.reshape(a.shape[: nm - 1 + index] + (n, -1) + a.shape[nm + index :])
-        return np.moveaxis(a, nm - 1 + index, pos)
+        return engines.active().local_slice(a, nm, [pos], (axis,), [n], index)
 
     return blockwise(fn, [x], (Layout(tuple(dims)), x.global_shape, x.dtype), label=x.label)
 
@@ -362,7 +370,7 @@ def rows(x: ShardedArray, n: int, total: int | None = None) -> ShardedArray:
             return a[(slice(None),) * nm + (slice(0, n),)]
         pad = [(0, 0)] * a.ndim
         pad[nm] = (0, total - a.shape[nm])
-        return np.pad(a, pad)
+        return namespace(a).pad(a, pad)
 
     shape = ((total if total is not None else n),) + x.global_shape[1:]
     return blockwise(fn, [x], (x.layout, shape, x.dtype), label=x.label)

@@ -111,6 +111,10 @@ def place_tokens(mesh: Mesh, roles: Roles, value: Any, label: str) -> ShardedArr
     >>> place_tokens(Mesh(data=2), Roles.of(Plan(dp=2), 1), np.zeros((4, 3), int), "tokens").layout
     Layout('[B_{data}, S]')
     """
-    dt = value.dtype if isinstance(value, ShapeDtype) else np.asarray(value).dtype
     layout = f"[{dim('B', *roles.batch)}, {dim('S', roles.context)}]"
+    if isinstance(value, ShardedArray):  # placed already (an engine's own blocks)
+        if value.mesh is not mesh or str(value.layout) != str(Layout.parse(layout, mesh.axis_names)):
+            raise ShardingError(f"{label} is {value.describe()}; run_model needs it as {layout} on {mesh}")
+        return value
+    dt = value.dtype if isinstance(value, ShapeDtype) else np.asarray(value).dtype
     return place_value(mesh, value, layout, label, np.dtype(dt), "activations")

@@ -35,14 +35,20 @@ def model_result(
     memory: StepMemory,
     stored: list[np.ndarray],
     stored_values: list[dict[str, int]],
+    grads: dict[str, np.ndarray] | None = None,
+    layouts: dict[str, str] | None = None,
 ) -> RunResult:
     """The step's :class:`~shardsim.strategies.RunResult`: the gradients global too (unless
     shape-only), each stored activation named by its layer, the gradients' layouts, the axes
-    of the plan's parallelisms and the ledger's peak."""
-    shape_only = any(v.is_shape_only for v in sharded_grads.values())
+    of the plan's parallelisms and the ledger's peak.
+
+    An engine whose values live on its devices passes the gradients fetched (``grads``) and
+    their ``layouts`` instead of ``sharded_grads``."""
+    if grads is None and not any(v.is_shape_only for v in sharded_grads.values()):
+        grads = {k: v.to_global() for k, v in sharded_grads.items()}
     return RunResult(
         loss=loss,
-        grads=None if shape_only else {k: v.to_global() for k, v in sharded_grads.items()},
+        grads=grads,
         sharded_grads=sharded_grads,
         trace=trace,
         memory=memory,
@@ -51,7 +57,7 @@ def model_result(
         stored_values=stored_values,
         peak=mesh.memory.peak(),
         activations={f"{k}.{i}": n for i, values in enumerate(stored_values) for k, n in values.items()},
-        layouts={f"d{k}": str(v.layout) for k, v in sharded_grads.items()},
+        layouts=layouts if layouts is not None else {f"d{k}": str(v.layout) for k, v in sharded_grads.items()},
         axes={r: a for r, a in plan.axes().items() if plan.degree(r) > 1},
         model=cfg,
         plan=plan,

@@ -27,6 +27,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+from .. import engines
 from ..array import ShardedArray
 from ..errors import ArgumentTypeError
 from ..mesh import Mesh
@@ -50,7 +51,7 @@ from .weight_pass import WeightGrads
 ModelResult = RunResult  # the transformer's name for the one result of a step
 
 
-class _ModelStep:
+class ModelStep:
     """The transformer's layer program (see :mod:`shardsim.strategies.stack`): the embedding, the
     blocks (their residuals their own), the LM head and its loss; gradients reduced as they come."""
 
@@ -62,7 +63,7 @@ class _ModelStep:
         self.loss: float | None = None
         self.held: dict[str, ShardedArray] = {}
 
-    def inputs(self, tokens: Any, targets: Any, dropout_seed: int | None) -> _ModelStep:
+    def inputs(self, tokens: Any, targets: Any, dropout_seed: int | None) -> ModelStep:
         self.tokens, self.targets, self.dropout_seed = tokens, targets, dropout_seed
         return self
 
@@ -90,7 +91,12 @@ class _ModelStep:
 
     def finish_forward(self, x: ShardedArray) -> None:
         parts, self.head_saved = head_forward(self.step, x, self.tgt)
-        self.loss = None if self.tok.is_shape_only else loss_value(parts)
+        self.loss_layouts = {k: str(v.layout) for k, v in parts.items()}
+        # an engine whose numbers cannot be read here (JAX's, while it traces) returns the parts'
+        # blocks instead; the values themselves die here, as the ledger counts them
+        readable = not self.tok.is_shape_only and engines.active().reads_data
+        self.loss = loss_value(parts) if readable else None
+        self.loss_blocks = {} if readable or self.tok.is_shape_only else {k: v.compact() for k, v in parts.items()}
 
     def start_backward(self) -> ShardedArray:
         dx, g = head_backward(self.step, self.head_saved, self.tgt, self.dtype)
@@ -131,6 +137,25 @@ class _ModelStep:
         )
 
 
+def check_step(
+    cfg: TransformerConfig,
+    plan: Plan | str,
+    mesh: Mesh,
+    params: Mapping[str, Any],
+    inputs: Any,
+    targets: Any,
+    dropout_seed: Any,
+) -> tuple[Plan, int | None, int]:
+    """Every check of a step before it runs: the plan (parsed), the dropout seed and the sequence length."""
+    plan = checks.check_arguments(cfg, plan, mesh)
+    dropout_seed = checks.check_dropout_seed(dropout_seed)
+    checks.check_plan(plan, mesh)
+    check_params(cfg, params)  # the reference's own check: one list of weights, one message
+    _, s = checks.check_tokens(cfg, plan, inputs, targets)
+    checks.check_model(cfg, plan, s, dropout_on=dropout_seed is not None and cfg.dropout > 0.0)
+    return plan, dropout_seed, s
+
+
 def run_model(
     model: TransformerConfig | MLP,
     plan: Plan | str,
@@ -167,15 +192,10 @@ def run_model(
             "step takes dropout_seed only"
         )
     cfg = model
-    plan = checks.check_arguments(cfg, plan, mesh)
-    dropout_seed = checks.check_dropout_seed(dropout_seed)
-    checks.check_plan(plan, mesh)
-    check_params(cfg, params)  # the reference's own check: one list of weights, one message
-    _, s = checks.check_tokens(cfg, plan, inputs, targets)
-    checks.check_model(cfg, plan, s, dropout_on=dropout_seed is not None and cfg.dropout > 0.0)
+    plan, dropout_seed, s = check_step(cfg, plan, mesh, params, inputs, targets, dropout_seed)
     if plan.pp > 1:
         from .pipelined import run_pipelined
 
         return run_pipelined(cfg, plan, mesh, params, inputs, targets, dropout_seed=dropout_seed)
-    program = _ModelStep(cfg, plan, mesh, params, s).inputs(inputs, targets, dropout_seed)
+    program = ModelStep(cfg, plan, mesh, params, s).inputs(inputs, targets, dropout_seed)
     return program.result(run_step(program))

@@ -1,8 +1,10 @@
-"""The JAX engine: every scheme shardsim checks runs as a ``jax.shard_map`` program on JAX devices.
+"""The JAX engine: the programs shardsim checks run as ``jax.shard_map`` programs on JAX devices.
 
 :func:`run_strategy` returns the same :class:`~shardsim.strategies.StrategyResult` as
-:func:`shardsim.run_strategy`; :func:`compile` gives the jitted function and its sharded
-arguments for a JAX training loop. Needs ``pip install 'shardsim[jax]'``; ``import shardsim``
+:func:`shardsim.run_strategy`, and :func:`run_model` the same result as
+:func:`shardsim.run_model` for the transformer under a plan; :func:`compile` and
+:func:`compile_model` give the jitted function and its sharded arguments for a JAX
+training loop. Needs ``pip install 'shardsim[jax]'``; ``import shardsim``
 never imports JAX.
 
 >>> from shardsim.engines import jax as engine
@@ -24,12 +26,19 @@ if importlib.util.find_spec("jax") is None:
     )
 
 if TYPE_CHECKING:
+    from .model import ModelProgram, compile_model, plan_model, run_model
     from .program import SUPPORTED, Program, compile, plan, program_fn, run_strategy
+
+_MODEL = ("ModelProgram", "compile_model", "plan_model", "run_model")
 
 
 def __getattr__(name: str) -> Any:
     """The program's names, loaded on first use: the kernels and placement import without the
     schemes, which the program runs and which sit above the core's seam (PEP 562)."""
+    if name in _MODEL:
+        from . import model
+
+        return getattr(model, name)
     if name in __all__:
         from . import program
 
@@ -37,4 +46,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["SUPPORTED", "Program", "compile", "plan", "program_fn", "run_strategy"]
+__all__ = [
+    "SUPPORTED",
+    "ModelProgram",
+    "Program",
+    "compile",
+    "compile_model",
+    "plan",
+    "plan_model",
+    "program_fn",
+    "run_model",
+    "run_strategy",
+]

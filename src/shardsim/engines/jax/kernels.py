@@ -13,6 +13,8 @@ all_reduce       ``lax.psum(x, axes)``
 all_to_all       ``lax.all_to_all(x, axes, split, concat, tiled=True)``
 ppermute         ``lax.ppermute(x, axes, perm)``
 local slice      ``lax.dynamic_slice_in_dim`` at ``lax.axis_index(axes)``
+chip index       ``lax.axis_index(axis)``
+own blocks       a host constant's block at ``lax.axis_index`` of each axis
 ===============  ================================================
 
 A partial sum ``{U_Y}`` is an ordinary value that varies over ``Y``; there are no lazy
@@ -39,6 +41,16 @@ class JaxEngine(Engine):
 
     name = "jax"
     lazy_partials = False
+    per_device = True
+
+    def chip_index(self, nm: int, position: int, name: str, size: int) -> Any:
+        return lax.axis_index(name).reshape((1,) * nm)
+
+    def own_blocks(self, c: Any, names: tuple[str, ...]) -> Any:
+        if all(n == 1 for n in c.shape[: len(names)]):
+            return c  # the same on every device: it stays a host constant, readable while JAX traces
+        mine = tuple(lax.axis_index(n) if c.shape[i] > 1 else 0 for i, n in enumerate(names))
+        return jnp.asarray(c)[mine].reshape((1,) * len(names) + c.shape[len(names) :])
 
     def cast(self, c: Any, dtype: Any) -> Any:
         return c.astype(dtype)

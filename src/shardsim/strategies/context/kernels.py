@@ -1,4 +1,4 @@
-"""The attention arithmetic of one (query block, key block) pair, on stacked chip blocks: NumPy only.
+"""The attention arithmetic of one (query block, key block) pair, on chip blocks in their own namespace.
 
 Every array carries any leading dimensions (the mesh's, size 1 where a value is replicated)
 followed by its block. Queries come as ``[..., B, S, N, H]`` and keys/values as
@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from ...xp import namespace
+
 
 def compute_dtype(dtype: Any) -> np.dtype:
     """The dtype scores and softmax run in: float64 for float64 inputs, else float32."""
@@ -33,23 +35,23 @@ def compute_dtype(dtype: Any) -> np.dtype:
 def grouped(x: np.ndarray, kv: int) -> np.ndarray:
     """``[..., B, S, N, H]`` → ``[..., B, K, G, S, H]`` (query heads grouped by kv head)."""
     *lead, b, s, n, h = x.shape
-    return np.moveaxis(x.reshape(*lead, b, s, kv, n // kv, h), -4, -2)
+    return namespace(x).moveaxis(x.reshape(*lead, b, s, kv, n // kv, h), -4, -2)
 
 
 def ungrouped(x: np.ndarray) -> np.ndarray:
     """``[..., B, K, G, S, H]`` → ``[..., B, S, N, H]``: the inverse of :func:`grouped`."""
-    y = np.moveaxis(x, -2, -4)  # (..., B, S, K, G, H)
+    y = namespace(x).moveaxis(x, -2, -4)  # (..., B, S, K, G, H)
     return y.reshape(*y.shape[:-3], y.shape[-3] * y.shape[-2], y.shape[-1])
 
 
 def kv_first(k: np.ndarray) -> np.ndarray:
     """``[..., B, T, K, H]`` → ``[..., B, K, 1, T, H]``: broadcasts over the G heads of a group."""
-    return np.moveaxis(k, -3, -2)[..., None, :, :]
+    return namespace(k).moveaxis(k, -3, -2)[..., None, :, :]
 
 
 def kv_last(dk: np.ndarray) -> np.ndarray:
     """``[..., B, K, G, T, H]`` summed over the group → ``[..., B, T, K, H]`` (a kv block's gradient)."""
-    return np.moveaxis(dk.sum(axis=-3), -3, -2)
+    return namespace(dk).moveaxis(dk.sum(axis=-3), -3, -2)
 
 
 def split_heads(x: np.ndarray, kv: int, after: int) -> np.ndarray:
@@ -74,12 +76,13 @@ def scores(
     dt: np.dtype,
 ) -> np.ndarray:
     """``scale * q @ k^T`` per head, ``[..., B, K, G, S, T]``, ``-inf`` where a key comes after its query."""
-    s = grouped(q.astype(dt), k.shape[-2]) @ np.swapaxes(kv_first(k.astype(dt)), -1, -2)
-    s *= dt.type(scale)
+    xp = namespace(q)
+    s = grouped(q.astype(dt), k.shape[-2]) @ xp.swapaxes(kv_first(k.astype(dt)), -1, -2)
+    s = s * dt.type(scale)
     if causal:
         assert pos_q is not None and pos_k is not None
         allowed = pos_k[..., None, :] <= pos_q[..., :, None]  # (..., S, T)
-        s = np.where(allowed[..., None, None, None, :, :], s, -np.inf)
+        s = xp.where(allowed[..., None, None, None, :, :], s, -np.inf)
     return s
 
 
@@ -90,7 +93,7 @@ def _shift(m: np.ndarray) -> np.ndarray:
     ``+inf`` max stays, so the row's exponentials, sum and output turn NaN as the plain softmax's
     ``exp(s - max(s))`` does.
     """
-    return np.where(m == -np.inf, 0.0, m)
+    return namespace(m).where(m == -np.inf, 0.0, m)
 
 
 def online_softmax(s: np.ndarray, m: np.ndarray, l: np.ndarray) -> tuple[np.ndarray, ...]:  # noqa: E741
@@ -99,11 +102,12 @@ def online_softmax(s: np.ndarray, m: np.ndarray, l: np.ndarray) -> tuple[np.ndar
     ``p = exp(s - m_new)`` (0 where masked), ``alpha = exp(m - m_new)`` the factor the rows'
     earlier sums and outputs are rescaled by, ``l_new = alpha * l + sum(p)``.
     """
-    m_new = np.maximum(m, s.max(axis=-1))  # NaN if any score is NaN (np.maximum propagates it)
+    xp = namespace(s)
+    m_new = xp.maximum(m, s.max(axis=-1))  # NaN if any score is NaN (maximum propagates it)
     shift = _shift(m_new)
     with np.errstate(invalid="ignore"):  # inf - inf: a NaN the plain softmax has too
-        p = np.exp(s - shift[..., None])
-        alpha = np.exp(m - shift)
+        p = xp.exp(s - shift[..., None])
+        alpha = xp.exp(m - shift)
     return p, m_new, alpha * l + p.sum(axis=-1), alpha
 
 
@@ -119,7 +123,7 @@ def finish(acc: np.ndarray, m: np.ndarray, l: np.ndarray) -> tuple[np.ndarray, n
     plain softmax's ``exp(-inf - -inf)`` is; a NaN ``m`` or ``l`` carries through to both.
     """
     with np.errstate(divide="ignore", invalid="ignore"):
-        return acc / l[..., None], m + np.log(l)
+        return acc / l[..., None], m + namespace(l).log(l)
 
 
 def probabilities(s: np.ndarray, lse: np.ndarray) -> np.ndarray:
@@ -129,10 +133,10 @@ def probabilities(s: np.ndarray, lse: np.ndarray) -> np.ndarray:
     ``exp(-inf - -inf)``, NaN, exactly where the plain softmax's probabilities are NaN.
     """
     with np.errstate(invalid="ignore"):
-        return np.exp(s - lse[..., None])
+        return namespace(s).exp(s - lse[..., None])
 
 
 def score_grad(p: np.ndarray, do: np.ndarray, v: np.ndarray, delta: np.ndarray) -> np.ndarray:
     """``dS = P * (dO @ V^T - delta)``, grouped; ``delta = rowsum(dO * O)`` (the softmax backward)."""
-    dp = do @ np.swapaxes(kv_first(v.astype(p.dtype)), -1, -2)
+    dp = do @ namespace(do).swapaxes(kv_first(v.astype(p.dtype)), -1, -2)
     return p * (dp - delta[..., None])

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ... import tracing
+from ... import engines, tracing
 from ...array import ShardedArray, check_same_kind, check_same_mesh, compact_shape, local_shape_of, new_uid
 from ...errors import DivisibilityError, PartialSumError, ShapeError, ShardingError
 from ...holders import held_where
@@ -140,7 +140,10 @@ class Geometry:
         data = None
         if self.has_data:
             local = local_shape_of(self.mesh, layout, self.shape(layout))
-            data = np.full(compact_shape(self.mesh, layout, local), fill, self.compute)
+            shape = compact_shape(self.mesh, layout, local)
+            if engines.active().per_device:  # one chip's block: every mesh dim is 1
+                shape = (1,) * len(self.mesh.shape) + tuple(local)
+            data = np.full(shape, fill, self.compute)
         return self.value(layout, data, label, category)
 
     def record(self, inputs: list[ShardedArray], out: ShardedArray, work: np.ndarray) -> None:

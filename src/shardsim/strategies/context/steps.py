@@ -23,6 +23,7 @@ import numpy as np
 
 from ...array import ShardedArray
 from ...layout import Layout
+from ...xp import namespace
 from . import kernels
 from .problem import Geometry
 
@@ -84,7 +85,7 @@ def finish(g: Geometry, run: Running, q: ShardedArray) -> tuple[ShardedArray, Sh
     o = lse = None
     if g.has_data:
         og, lse = kernels.finish(run.acc.compact(), run.m.compact(), run.l.compact())
-        o = np.swapaxes(og, -2, -3)  # (..., B, N, S, H) -> (..., B, S, N, H)
+        o = namespace(og).swapaxes(og, -2, -3)  # (..., B, N, S, H) -> (..., B, S, N, H)
     out = g.value(q.layout, o, "O", "activations", shape=q.global_shape, dtype=q.dtype)
     return out, g.value(g.rows_layout, lse, "lse", "activations")
 
@@ -94,7 +95,7 @@ def delta(g: Geometry, o: ShardedArray, do: ShardedArray) -> ShardedArray:
     data = None
     if g.has_data:
         prod = (do.compact().astype(g.compute) * o.compact().astype(g.compute)).sum(axis=-1)  # (..., B, S, N)
-        data = np.swapaxes(prod, -1, -2)
+        data = namespace(prod).swapaxes(prod, -1, -2)
     return g.value(g.rows_layout, data, "delta")
 
 
@@ -133,8 +134,11 @@ def backward_block(
         p = kernels.probabilities(s, _rows(g, rows[0]))
         dog = kernels.grouped(do.compact().astype(g.compute), kv)
         ds = kernels.score_grad(p, dog, v.compact(), _rows(g, rows[1]))
-        dv_d = kernels.kv_last(np.swapaxes(p, -1, -2) @ dog)
-        dk_d = kernels.kv_last(np.swapaxes(ds, -1, -2) @ kernels.grouped(q.compact().astype(g.compute), kv)) * g.scale
+        dv_d = kernels.kv_last(namespace(p).swapaxes(p, -1, -2) @ dog)
+        dk_d = (
+            kernels.kv_last(namespace(ds).swapaxes(ds, -1, -2) @ kernels.grouped(q.compact().astype(g.compute), kv))
+            * g.scale
+        )
         dq_d = kernels.merge_heads(ds @ kernels.kv_first(k.compact().astype(g.compute)), 2) * g.scale
         if grads.dk is not None and grads.dv is not None:
             dk_d, dv_d = grads.dk.compact() + dk_d, grads.dv.compact() + dv_d
@@ -156,5 +160,5 @@ def backward_block(
 
 def dq_out(g: Geometry, dq: ShardedArray, q: ShardedArray) -> ShardedArray:
     """The accumulated ``dQ [B, N, S_C, H]`` in q's layout and dtype, ``[B, S_C, N, H]``."""
-    data = None if not g.has_data else np.swapaxes(dq.compact(), -2, -3)
+    data = None if not g.has_data else namespace(dq.compact()).swapaxes(dq.compact(), -2, -3)
     return g.value(q.layout, data, "dQ", "grads", shape=q.global_shape, dtype=q.dtype)

@@ -1,0 +1,267 @@
+"""The transformer's training step under a plan as one ``jax.shard_map`` program, and its run.
+
+The step is :func:`shardsim.run_model`'s own code (:class:`~shardsim.transformer.run.ModelStep`):
+inside ``shard_map`` each weight and each token block becomes a
+:class:`~shardsim.ShardedArray` holding the device's block, every op and collective runs on
+:data:`~shardsim.engines.jax.kernels.JAX`, and the trace and the ledger are filled while JAX
+traces the program. A shape-only run of the same step on the stacked engine lays the values
+out first (the weights' storage layouts, the gradients' and the loss parts') and runs every
+check of the front end before JAX sees anything.
+
+The loss is the mean of the cross-entropy's per-token parts, which the program returns in
+their layouts; :func:`run_model` reads it on the host, as the stacked engine does, and the
+jitted function of :func:`compile_model` reduces them over the global arrays after the
+``shard_map``.
+
+>>> import numpy as np, shardsim
+>>> from shardsim.engines.jax import run_model
+>>> from shardsim.models import TransformerConfig, reference
+>>> cfg = TransformerConfig(layers=1, d_model=8, heads=2, d_ff=16, vocab=8, seq=4)
+>>> p = reference.init(cfg, seed=0)
+>>> tok = np.arange(8).reshape(2, 4)
+>>> r = run_model(cfg, "dp=2,tp=2,sp", shardsim.Mesh(data=2, model=2), p, tok, tok)
+>>> bool(np.isclose(r.loss, reference.loss(cfg, p, tok, tok), atol=1e-5))
+True
+>>> r.trace.collectives("forward")[:2]  # SP: the embedding's sum scattered over the sequence, gathered for QKV
+[('reduce_scatter', ('model',)), ('all_gather', ('model',))]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ... import engines
+from ...array import ShapeDtype, ShardedArray
+from ...errors import EngineError
+from ...layout import Layout
+from ...mesh import Mesh
+from ...models import TransformerConfig
+from ...plans import Plan
+from ...strategies.result import RunResult
+from ...strategies.stack import Stepped, run_step
+from ...transformer import context_parallel
+from ...transformer.embedding import LOSS_PARTS, mean_loss
+from ...transformer.result import model_result
+from ...transformer.roles import Roles
+from ...transformer.run import ModelStep, check_step
+from .kernels import JAX
+from .placement import check_dtype, fetch, meshes, put, sharding
+
+
+@dataclass(frozen=True)
+class ModelProgram:
+    """A transformer step laid out on a JAX mesh: what :func:`compile_model` builds and :func:`run_model` runs.
+
+    ``layouts`` holds every weight's storage layout (by the reference's key), ``tokens``
+    (the targets' too), each gradient's (``d`` + key) and each loss part's (:data:`LOSS_PARTS`).
+    """
+
+    cfg: TransformerConfig
+    plan: Plan
+    jmesh: jax.sharding.Mesh
+    mesh: Mesh
+    seq: int
+    layouts: dict[str, str]
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, np.dtype]
+    compute: np.dtype
+    dropout_seed: int | None = None
+
+
+def _unsupported(cfg: TransformerConfig, plan: Plan) -> str | None:
+    if plan.pp > 1:
+        return "pipeline parallelism (pp > 1)"
+    if plan.cp > 1:
+        return "context parallelism (cp > 1): the causal mask's work per chip is read from positions that travel"
+    if cfg.experts:
+        return "a mixture of experts (its routing sorts and scatters with NumPy)"
+    return None
+
+
+def _id_dtype(dtype: np.dtype) -> np.dtype:
+    """Token ids' dtype on JAX: their own, int32 for 64-bit ids when JAX runs without 64-bit types."""
+    wide = dtype.itemsize == 8 and not jax.config.jax_enable_x64  # type: ignore[attr-defined]
+    return np.dtype(np.int32) if wide else dtype
+
+
+def plan_model(
+    cfg: TransformerConfig,
+    plan: Plan | str,
+    mesh: Mesh | jax.sharding.Mesh,
+    params: Mapping[str, Any],
+    tokens: Any,
+    targets: Any,
+    *,
+    dropout_seed: int | None = None,
+) -> ModelProgram:
+    """Check everything and lay the step out, before any JAX tracing."""
+    jmesh, smesh = meshes(mesh)
+    plan, dropout_seed, s = check_step(cfg, plan, smesh, params, tokens, targets, dropout_seed)
+    missing = _unsupported(cfg, plan)
+    if missing is not None:
+        raise EngineError(
+            f"the JAX engine does not run {missing} yet (docs/engines.md says what it needs); "
+            f"shardsim.run_model runs plan {plan} on the stacked NumPy engine"
+        )
+    dtypes = {k: check_dtype(k, v) for k, v in params.items()}
+    for k in ("tokens", "targets"):  # ids below the vocabulary (checked) fit int32, JAX's default
+        dtypes[k] = _id_dtype(np.asarray(tokens if k == "tokens" else targets).dtype)
+    inputs = {"tokens": tokens, "targets": targets, **params}
+    shapes = {k: tuple(v.shape) if isinstance(v, ShapeDtype) else tuple(np.shape(v)) for k, v in inputs.items()}
+    probe_mesh = Mesh(dict(zip(smesh.axis_names, smesh.shape)))  # shape-only: the layouts, its own ledger
+    probe = ModelStep(cfg, plan, probe_mesh, {k: ShapeDtype(shapes[k], dtypes[k]) for k in params}, s)
+    run_step(
+        probe.inputs(
+            ShapeDtype(shapes["tokens"], dtypes["tokens"]), ShapeDtype(shapes["targets"], dtypes["targets"]), None
+        )
+    )
+    layouts = {k: str(v.layout) for k, v in probe.step.weights.items()}
+    layouts["tokens"] = str(probe.tok.layout)
+    layouts.update({f"d{k}": str(probe.grads.done[k].layout) for k in params})
+    layouts.update({k: probe.loss_layouts[k] for k in LOSS_PARTS})
+    partial = [k for k in (*(f"d{k}" for k in params), *LOSS_PARTS) if Layout.parse(layouts[k]).partial]
+    if partial:
+        raise EngineError(f"{plan}: results {partial} of the step are unreduced partial sums")
+    return ModelProgram(cfg, plan, jmesh, smesh, s, layouts, shapes, dtypes, probe.dtype, dropout_seed)
+
+
+def program_fn(prog: ModelProgram, recorded: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """The ``shard_map``-ped ``fn(params, tokens, targets) -> (grads, loss parts)`` of global ``jax.Array``\\ s.
+
+    Tracing it records the step's events in a :class:`~shardsim.strategies.stack.Stepped`
+    (``recorded["stepped"]``, if ``recorded`` is given) and fills the mesh's ledger.
+    """
+    lay, nm, keys = prog.layouts, len(prog.mesh.shape), [k for k in prog.shapes if k not in ("tokens", "targets")]
+
+    def value(block: Any, key: str, layout: str, label: str, category: str, dtype: np.dtype) -> ShardedArray:
+        data = block.astype(dtype).reshape((1,) * nm + tuple(block.shape))  # the stacked engine's indexing
+        return ShardedArray(
+            prog.mesh, Layout.parse(layout), prog.shapes[key], dtype, data, label=label, category=category
+        )
+
+    def local(v: ShardedArray) -> Any:
+        return v.compact().reshape(v.local_shape)
+
+    class DeviceStep(ModelStep):
+        """The step on the device's blocks, made values where :func:`run_step` places its inputs
+        (so the step's memory counts them, as on the stacked engine)."""
+
+        def __init__(self, blocks: dict[str, Any], tokens: Any, targets: Any) -> None:
+            super().__init__(prog.cfg, prog.plan, prog.mesh, blocks, prog.seq)
+            self.inputs(tokens, targets, prog.dropout_seed)
+
+        def place(self) -> None:
+            self.params = {k: value(self.params[k], k, lay[k], k, "params", prog.compute) for k in keys}
+            self.tokens, self.targets = (
+                value(v, k, lay["tokens"], k, "activations", prog.dtypes[k])
+                for k, v in (("tokens", self.tokens), ("targets", self.targets))
+            )
+            super().place()
+
+    def body(params: dict[str, Any], tokens: Any, targets: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        with engines.use(JAX):
+            step = DeviceStep(params, tokens, targets)
+            stepped = run_step(step)
+            if recorded is not None:
+                recorded["stepped"] = stepped
+            grads = {k: local(step.grads.done[k]) for k in keys}
+            return grads, {k: step.loss_blocks[k].reshape(step.loss_blocks[k].shape[nm:]) for k in LOSS_PARTS}
+
+    spec = lambda layout: sharding(prog.jmesh, layout).spec  # noqa: E731
+    in_specs = ({k: spec(lay[k]) for k in keys}, spec(lay["tokens"]), spec(lay["tokens"]))
+    out_specs = ({k: spec(lay[f"d{k}"]) for k in keys}, {k: spec(lay[k]) for k in LOSS_PARTS})
+    return jax.shard_map(body, mesh=prog.jmesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+
+def arguments(prog: ModelProgram, params: Mapping[str, Any], tokens: Any, targets: Any) -> tuple[Any, ...]:
+    """``(params, tokens, targets)`` as global ``jax.Array``\\ s with the plan's ``NamedSharding``\\ s (each
+    weight in its storage layout, in its own dtype: the program casts it to the compute dtype)."""
+    lay, plan = prog.layouts, prog.plan
+    weights = {k: put(np.asarray(v), sharding(prog.jmesh, lay[k])) for k, v in params.items()}
+    where = sharding(prog.jmesh, lay["tokens"])
+    ids = np.asarray(tokens, prog.dtypes["tokens"]), np.asarray(targets, prog.dtypes["targets"])
+    if Roles.of(plan, prog.cfg.n_kv).context is not None:  # the sequence in its context-parallel order
+        rows = context_parallel.order(prog.seq, plan.cp, balanced=plan.cp_balanced)
+        ids = tuple(context_parallel.permuted(v, rows) for v in ids)
+    return weights, put(ids[0], where), put(ids[1], where)
+
+
+def compile_model(
+    cfg: TransformerConfig,
+    plan: Plan | str,
+    mesh: Mesh | jax.sharding.Mesh,
+    params: Mapping[str, Any],
+    tokens: Any,
+    targets: Any,
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """``(fn, args)``: the step's forward and backward as a jitted JAX function, and its arguments.
+
+    ``fn(params, tokens, targets)`` returns ``(loss, grads)``: the mean cross-entropy (a scalar)
+    and each weight's gradient (the reference's keys) as global ``jax.Array``\\ s in the plan's
+    gradient layouts; ``args`` are the inputs placed with the plan's ``NamedSharding``\\ s.
+
+    >>> import numpy as np, shardsim
+    >>> from shardsim.engines.jax import compile_model
+    >>> from shardsim.models import TransformerConfig, reference
+    >>> cfg = TransformerConfig(layers=1, d_model=8, heads=2, d_ff=16, vocab=8, seq=4)
+    >>> tok = np.arange(8).reshape(2, 4)
+    >>> fn, args = compile_model(cfg, "dp=2,zero=3", shardsim.Mesh(data=2), reference.init(cfg), tok, tok)
+    >>> loss, grads = fn(*args)
+    >>> grads["layers.0.mlp.w_in"].sharding.spec, loss.shape
+    (P('data', None), ())
+    """
+    prog = plan_model(cfg, plan, mesh, params, tokens, targets)
+    mapped = program_fn(prog)
+
+    def step(params: dict[str, Any], tokens: Any, targets: Any) -> tuple[Any, dict[str, Any]]:
+        grads, parts = mapped(params, tokens, targets)
+        z, m, t = (parts[k] for k in LOSS_PARTS)
+        return jnp.mean(jnp.log(z[..., 0]) + m[..., 0] - t), grads
+
+    return jax.jit(step), arguments(prog, params, tokens, targets)
+
+
+def run_model(
+    cfg: TransformerConfig,
+    plan: Plan | str,
+    mesh: Mesh | jax.sharding.Mesh,
+    params: Mapping[str, Any],
+    tokens: Any,
+    targets: Any,
+    *,
+    dropout_seed: int | None = None,
+) -> RunResult:
+    """One forward and backward of the transformer under ``plan`` on JAX devices: the same result as
+    :func:`shardsim.run_model` (loss, global gradients, trace, per-chip logical memory), with no
+    ``sharded_grads`` (the values live on the devices).
+
+    ``mesh`` is a shardsim :class:`~shardsim.Mesh` (placed on the first devices) or a
+    ``jax.sharding.Mesh`` with the plan's axis names and sizes.
+    """
+    prog = plan_model(cfg, plan, mesh, params, tokens, targets, dropout_seed=dropout_seed)
+    recorded: dict[str, Any] = {}
+    fn = jax.jit(program_fn(prog, recorded))  # a new function each run: JAX traces it, and the trace is recorded
+    grads, parts = fn(*arguments(prog, params, tokens, targets))
+    stepped: Stepped = recorded["stepped"]
+    return model_result(
+        prog.cfg,
+        prog.plan,
+        prog.mesh,
+        loss=mean_loss(*(fetch(parts[k]) for k in LOSS_PARTS)),
+        sharded_grads={},
+        trace=stepped.trace,
+        memory=stepped.memory,
+        stored=stepped.stored,
+        stored_values=stepped.stored_values,
+        grads={k: fetch(v) for k, v in grads.items()},
+        layouts={f"d{k}": prog.layouts[f"d{k}"] for k in grads},
+    )
+
+
+__all__ = ["ModelProgram", "compile_model", "plan_model", "program_fn", "run_model"]
