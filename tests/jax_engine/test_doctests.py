@@ -16,6 +16,8 @@ MODULES = [
     "shardsim.engines.jax.placement",
     "shardsim.engines.jax.program",
     "shardsim.training.jax_step",
+    "shardsim.training.jax_model_step",
+    "shardsim.transformer.on_device",
 ]
 
 

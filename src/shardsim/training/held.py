@@ -52,6 +52,7 @@ class TrainerState(Protocol):
     block_shapes: list[dict[str, Any]]
     # a transformer's
     cfg: TransformerConfig
+    roles: Any  # the plan's Roles
     data_axis: str | None
     gathers: bool
     dropout_seed: int | None

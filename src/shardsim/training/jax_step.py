@@ -193,7 +193,7 @@ class JaxStep:
     # -- one step ---------------------------------------------------------------------------
     def __call__(self, x: Any, target: Any) -> StepResult:
         t = self.trainer
-        _check_alive(t)  # the program runs on devices the failed chips do not stand for: refuse first
+        check_alive(t)  # the program runs on devices the failed chips do not stand for: refuse first
         dtype, state_dtype = t.precision.compute, t.precision.state_dtype
         x, target = np.asarray(x, dtype), np.asarray(target, dtype)
         key = (x.shape, target.shape)
@@ -208,7 +208,7 @@ class JaxStep:
         for i, block in enumerate(new_w):  # the trainer's state is the step's result
             for k, v in block.items():
                 label = t.params[i][k].label or k
-                t.params[i][k] = place(_host(v), t.mesh, t.layouts[k], dtype, label, "params")
+                t.params[i][k] = place(host(v), t.mesh, t.layouts[k], dtype, label, "params")
                 if t.precision.mixed:
                     t.master[i][k] = place(
                         np.asarray(new_master[i][k]), t.mesh, t.state_layouts[k], state_dtype, label, "optimizer"
@@ -273,7 +273,7 @@ def _local(v: ShardedArray) -> Any:
     return v.compact().reshape(v.local_shape)
 
 
-def _check_alive(t: TrainerState) -> None:
+def check_alive(t: TrainerState) -> None:
     """Raise ChipFailureError, as the NumPy trainer's first collective does, if a chip of the mesh has failed.
 
     Every supported step runs collectives in which every chip takes part (SPMD), so one failed
@@ -290,7 +290,7 @@ def _check_alive(t: TrainerState) -> None:
     )
 
 
-def _host(v: Any) -> np.ndarray:
+def host(v: Any) -> np.ndarray:
     """A device array as NumPy; 16-bit floats (an ml_dtypes dtype, not a NumPy kind) as their exact
     float32 values, which the trainer rounds back when it places them."""
     a = np.asarray(v)

@@ -68,7 +68,7 @@ class ModelStep:
         ledger = t.mesh.memory
         ledger.reset_peak()
         seed = None if t.dropout_seed is None else step_dropout_seed(t.dropout_seed, t.step_count + 1)
-        with trace() as tr, self._reductions(t):
+        with trace() as tr, gradient_reductions(t):
             result = run_model(
                 t.cfg, plan.replace(precision=None), t.mesh, t.params, tokens, targets, dropout_seed=seed
             )
@@ -100,13 +100,6 @@ class ModelStep:
             axes=dict(plan.axes()),
         )
 
-    def _reductions(self, t: TrainerState) -> contextlib.AbstractContextManager[Any]:
-        """Gradients summed over the data axis in ``precision.reduce`` (e.g. float32 under bf16)."""
-        prec = t.precision
-        if prec.reduce == prec.compute or t.data_axis is None:
-            return contextlib.nullcontext()
-        return reduce_dtype(prec.reduce, t.data_axis)
-
     def _update(self, t: TrainerState, grads: dict[str, ShardedArray], undo: list[Undo]) -> None:
         """Every weight's optimizer step (empties ``grads``); ZeRO-1/2 AllGather the new weights."""
         if t.gathers:  # the AllGathers after the first update can fail: keep what undoes it
@@ -122,6 +115,20 @@ class ModelStep:
                 t.params[k] = None  # the gather below refills it
                 t.params[k] = in_c_order(all_gather(new, t.data_axis, label=k, category="params"))
                 del new
+
+
+def gradient_reductions(t: TrainerState) -> contextlib.AbstractContextManager[Any]:
+    """Gradients summed over the data axis in ``precision.reduce`` (e.g. float32 under bf16).
+
+    >>> from types import SimpleNamespace
+    >>> from shardsim.training import Precision
+    >>> type(gradient_reductions(SimpleNamespace(precision=Precision.of("bf16"), data_axis="data"))).__name__
+    'nullcontext'
+    """
+    prec = t.precision
+    if prec.reduce == prec.compute or t.data_axis is None:
+        return contextlib.nullcontext()
+    return reduce_dtype(prec.reduce, t.data_axis)
 
 
 def step_dropout_seed(seed: int, step: int) -> int:

@@ -164,17 +164,18 @@ class Trainer(Checkpointed, TrainerState):
         if isinstance(model, TransformerConfig):
             plan, mesh, params, optimizer = _positional("Trainer(cfg, ...)", args, ("plan", "mesh", "params"), options)
             given = {"activation": activation, "axes": axes, "recompute": recompute}
-            given |= {"residual": residual or None, "engine": None if engine == "numpy" else engine}
+            given |= {"residual": residual or None, "engine": None}
             wrong = [k for k in MLP_KEYWORDS if given[k] is not None] + sorted(set(options) - {"dropout_seed"})
             if wrong:
                 raise TypeError(
-                    f"Trainer of a transformer takes precision, reduce_dtype, dropout_seed (and loss_scale, which it "
-                    f"refuses), not {wrong}: "
+                    f"Trainer of a transformer takes precision, reduce_dtype, dropout_seed, engine (and loss_scale, "
+                    f"which it refuses), not {wrong}: "
                     "its activation, recomputation and axes are its config's and plan's"
                 )
             self._init_model(
                 model, plan, mesh, params, optimizer, "Trainer", precision, reduce_dtype, loss_scale, **options
             )
+            self._engine_step = _engine_step(engine, self)
             return
         mlp_model = None
         if isinstance(model, MLP):
@@ -352,7 +353,7 @@ class Trainer(Checkpointed, TrainerState):
         """A trainer of transformer ``cfg`` (a :class:`~shardsim.models.TransformerConfig`) under
         ``plan`` (a :class:`~shardsim.plans.Plan`) on ``mesh``: ``Trainer(cfg, plan, mesh, params,
         optimizer, **options)``, whose steps run :func:`~shardsim.transformer.run_model` and then
-        the optimizer update. ``options``: ``precision``, ``reduce_dtype``, ``dropout_seed``.
+        the optimizer update. ``options``: ``precision``, ``reduce_dtype``, ``dropout_seed``, ``engine``.
 
         >>> import numpy as np
         >>> from shardsim.models import get, reference
@@ -364,7 +365,9 @@ class Trainer(Checkpointed, TrainerState):
         (1, Layout('[V, D_{data}]'), True)
         """
         trainer = cls.__new__(cls)
+        engine = options.pop("engine", "numpy")
         trainer._init_model(cfg, plan, mesh, params, optimizer, "Trainer.for_model", **options)
+        trainer._engine_step = _engine_step(engine, trainer)
         return trainer
 
     # -- the step ---------------------------------------------------------------------------
@@ -542,9 +545,14 @@ def _plan(plan: Any) -> Plan:
 
 
 def _engine_step(engine: str, trainer: Trainer) -> Any:
-    """None for the stacked NumPy engine; for ``"jax"``, the jitted step of :mod:`.jax_step`."""
+    """None for the stacked NumPy engine; for ``"jax"``, the jitted step of :mod:`.jax_step`
+    (:mod:`.jax_model_step` for a transformer)."""
     if engine == "numpy":
         return None
+    if engine == "jax" and getattr(trainer, "cfg", None) is not None:
+        from .jax_model_step import JaxModelStep
+
+        return JaxModelStep(trainer)
     if engine == "jax":
         from .jax_step import JaxStep
 

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ... import engines
-from ...array import ShapeDtype, ShardedArray
+from ...array import ShapeDtype
 from ...errors import EngineError
 from ...layout import Layout
 from ...mesh import Mesh
@@ -47,11 +47,12 @@ from ...strategies.result import RunResult
 from ...strategies.stack import Stepped, run_step
 from ...transformer import context_parallel
 from ...transformer.embedding import LOSS_PARTS, mean_loss
+from ...transformer.on_device import DeviceStep, local_block, probe, unsupported
 from ...transformer.result import model_result
 from ...transformer.roles import Roles
-from ...transformer.run import ModelStep, check_step
+from ...transformer.run import check_step
 from .kernels import JAX
-from .placement import check_dtype, fetch, meshes, put, sharding
+from .placement import check_dtype, fetch, id_dtype, meshes, put, sharding
 
 
 @dataclass(frozen=True)
@@ -74,22 +75,6 @@ class ModelProgram:
     dropout_seed: int | None = None
 
 
-def _unsupported(cfg: TransformerConfig, plan: Plan) -> str | None:
-    if plan.pp > 1:
-        return "pipeline parallelism (pp > 1)"
-    if plan.cp > 1:
-        return "context parallelism (cp > 1): the causal mask's work per chip is read from positions that travel"
-    if cfg.experts:
-        return "a mixture of experts (its routing sorts and scatters with NumPy)"
-    return None
-
-
-def _id_dtype(dtype: np.dtype) -> np.dtype:
-    """Token ids' dtype on JAX: their own, int32 for 64-bit ids when JAX runs without 64-bit types."""
-    wide = dtype.itemsize == 8 and not jax.config.jax_enable_x64  # type: ignore[attr-defined]
-    return np.dtype(np.int32) if wide else dtype
-
-
 def plan_model(
     cfg: TransformerConfig,
     plan: Plan | str,
@@ -103,7 +88,7 @@ def plan_model(
     """Check everything and lay the step out, before any JAX tracing."""
     jmesh, smesh = meshes(mesh)
     plan, dropout_seed, s = check_step(cfg, plan, smesh, params, tokens, targets, dropout_seed)
-    missing = _unsupported(cfg, plan)
+    missing = unsupported(cfg, plan)
     if missing is not None:
         raise EngineError(
             f"the JAX engine does not run {missing} yet (docs/engines.md says what it needs); "
@@ -111,24 +96,18 @@ def plan_model(
         )
     dtypes = {k: check_dtype(k, v) for k, v in params.items()}
     for k in ("tokens", "targets"):  # ids below the vocabulary (checked) fit int32, JAX's default
-        dtypes[k] = _id_dtype(np.asarray(tokens if k == "tokens" else targets).dtype)
+        dtypes[k] = id_dtype(np.asarray(tokens if k == "tokens" else targets).dtype)
     inputs = {"tokens": tokens, "targets": targets, **params}
     shapes = {k: tuple(v.shape) if isinstance(v, ShapeDtype) else tuple(np.shape(v)) for k, v in inputs.items()}
-    probe_mesh = Mesh(dict(zip(smesh.axis_names, smesh.shape)))  # shape-only: the layouts, its own ledger
-    probe = ModelStep(cfg, plan, probe_mesh, {k: ShapeDtype(shapes[k], dtypes[k]) for k in params}, s)
-    run_step(
-        probe.inputs(
-            ShapeDtype(shapes["tokens"], dtypes["tokens"]), ShapeDtype(shapes["targets"], dtypes["targets"]), None
-        )
-    )
-    layouts = {k: str(v.layout) for k, v in probe.step.weights.items()}
-    layouts["tokens"] = str(probe.tok.layout)
-    layouts.update({f"d{k}": str(probe.grads.done[k].layout) for k in params})
-    layouts.update({k: probe.loss_layouts[k] for k in LOSS_PARTS})
+    laid = probe(cfg, plan, smesh, shapes, dtypes)  # shape-only: the layouts, on a twin's ledger
+    layouts = {k: str(v.layout) for k, v in laid.step.weights.items()}
+    layouts["tokens"] = str(laid.tok.layout)
+    layouts.update({f"d{k}": str(laid.grads.done[k].layout) for k in params})
+    layouts.update({k: laid.loss_layouts[k] for k in LOSS_PARTS})
     partial = [k for k in (*(f"d{k}" for k in params), *LOSS_PARTS) if Layout.parse(layouts[k]).partial]
     if partial:
         raise EngineError(f"{plan}: results {partial} of the step are unreduced partial sums")
-    return ModelProgram(cfg, plan, jmesh, smesh, s, layouts, shapes, dtypes, probe.dtype, dropout_seed)
+    return ModelProgram(cfg, plan, jmesh, smesh, s, layouts, shapes, dtypes, laid.dtype, dropout_seed)
 
 
 def program_fn(prog: ModelProgram, recorded: dict[str, Any] | None = None) -> Callable[..., Any]:
@@ -137,41 +116,18 @@ def program_fn(prog: ModelProgram, recorded: dict[str, Any] | None = None) -> Ca
     Tracing it records the step's events in a :class:`~shardsim.strategies.stack.Stepped`
     (``recorded["stepped"]``, if ``recorded`` is given) and fills the mesh's ledger.
     """
-    lay, nm, keys = prog.layouts, len(prog.mesh.shape), [k for k in prog.shapes if k not in ("tokens", "targets")]
-
-    def value(block: Any, key: str, layout: str, label: str, category: str, dtype: np.dtype) -> ShardedArray:
-        data = block.astype(dtype).reshape((1,) * nm + tuple(block.shape))  # the stacked engine's indexing
-        return ShardedArray(
-            prog.mesh, Layout.parse(layout), prog.shapes[key], dtype, data, label=label, category=category
-        )
-
-    def local(v: ShardedArray) -> Any:
-        return v.compact().reshape(v.local_shape)
-
-    class DeviceStep(ModelStep):
-        """The step on the device's blocks, made values where :func:`run_step` places its inputs
-        (so the step's memory counts them, as on the stacked engine)."""
-
-        def __init__(self, blocks: dict[str, Any], tokens: Any, targets: Any) -> None:
-            super().__init__(prog.cfg, prog.plan, prog.mesh, blocks, prog.seq)
-            self.inputs(tokens, targets, prog.dropout_seed)
-
-        def place(self) -> None:
-            self.params = {k: value(self.params[k], k, lay[k], k, "params", prog.compute) for k in keys}
-            self.tokens, self.targets = (
-                value(v, k, lay["tokens"], k, "activations", prog.dtypes[k])
-                for k, v in (("tokens", self.tokens), ("targets", self.targets))
-            )
-            super().place()
+    lay, keys = prog.layouts, [k for k in prog.shapes if k not in ("tokens", "targets")]
 
     def body(params: dict[str, Any], tokens: Any, targets: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         with engines.use(JAX):
-            step = DeviceStep(params, tokens, targets)
+            step = DeviceStep(
+                prog.cfg, prog.plan, prog.mesh, prog.seq, params, tokens, targets,
+                layouts=lay, shapes=prog.shapes, compute=prog.compute, dropout_seed=prog.dropout_seed,
+            )  # fmt: skip
             stepped = run_step(step)
             if recorded is not None:
                 recorded["stepped"] = stepped
-            grads = {k: local(step.grads.done[k]) for k in keys}
-            return grads, {k: step.loss_blocks[k].reshape(step.loss_blocks[k].shape[nm:]) for k in LOSS_PARTS}
+            return {k: local_block(step.grads.done[k]) for k in keys}, step.loss_parts()
 
     spec = lambda layout: sharding(prog.jmesh, layout).spec  # noqa: E731
     in_specs = ({k: spec(lay[k]) for k in keys}, spec(lay["tokens"]), spec(lay["tokens"]))

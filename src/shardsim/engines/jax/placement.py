@@ -105,3 +105,15 @@ def check_dtype(what: str, value: Any) -> np.dtype:
             "jax.config.update('jax_enable_x64', True) before building arrays, or pass float32 data"
         )
     return dtype
+
+
+def id_dtype(dtype: Any) -> np.dtype:
+    """Token ids' dtype on JAX: their own, int32 for 64-bit ids when JAX runs without 64-bit types
+    (ids below the vocabulary, which the front end checks, fit).
+
+    >>> id_dtype(np.dtype("int32"))
+    dtype('int32')
+    """
+    dtype = np.dtype(dtype)
+    wide = dtype.itemsize == 8 and not jax.config.jax_enable_x64  # type: ignore[attr-defined]
+    return np.dtype(np.int32) if wide else dtype
