@@ -164,7 +164,9 @@ def test_a_transformer_refuses_the_mlp_keywords_and_float16() -> None:
         Trainer(get("llama-tiny"), "dp=2", mesh, params, precision="fp16")
     with pytest.raises(PlanError, match="the transformer's step has no loss scaling yet"):
         Trainer(get("llama-tiny"), "dp=2", mesh, params, precision="bf16", loss_scale=1024.0)
-    with pytest.raises(TypeError, match=r"not \['activation', 'engine'\]"):
+    with pytest.raises(TypeError, match=r"not \['activation'\]"):  # engine= is a transformer's too
         Trainer(get("llama-tiny"), "dp=2", mesh, params, activation="gelu", engine="jax")
+    with pytest.raises(ss.ShardingError, match="engine must be 'numpy' or 'jax'"):
+        Trainer(get("llama-tiny"), "dp=2", mesh, params, engine="cuda")
     with pytest.raises(ss.ArgumentTypeError, match=r"^Trainer\.for_model: cfg must be"):
         Trainer.for_model("llama-tiny", "dp=2", mesh, params)

@@ -335,7 +335,7 @@ def blockwise(
                     f"blockwise: output {k} ({lay} {shape}) needs stacked blocks of shape {want} "
                     f"(mesh dims first, 1 where replicated), fn returned {blocks.shape}"
                 )
-            results[k] = xp.broadcast_to(blocks, want[:nm] + blocks.shape[nm:]).astype(dtypes[k], copy=False)
+            results[k] = engines.active().cast(xp.broadcast_to(blocks, want[:nm] + blocks.shape[nm:]), dtypes[k])
     outs = [
         ShardedArray(mesh, lay, shape, dt, data, label=label, derived_from=inputs)
         for lay, shape, dt, data in zip(layouts, shapes, dtypes, results)

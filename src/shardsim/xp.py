@@ -37,9 +37,25 @@ def scatter_add(out: Any, index: Any, values: Any, *, where: Any = None) -> Any:
     return out.at[index].add(values)
 
 
+def scatter_set(out: Any, index: tuple[Any, ...], values: Any, *, where: Any) -> Any:
+    """``out`` with ``out[index[i]] = values[i]`` where ``where`` holds (the indexed places distinct);
+    in place on NumPy, new where arrays are immutable (JAX: the places left out are sent out of
+    bounds and dropped, so no shape depends on ``where``).
+
+    >>> scatter_set(np.zeros(3), (np.array([2, 0]),), np.array([5.0, 7.0]), where=np.array([True, False]))
+    array([0., 0., 5.])
+    """
+    if namespace(out) is np:
+        out[tuple(i[where] for i in index)] = values[where]
+        return out
+    xp = namespace(out)
+    first = xp.where(where, index[0], out.shape[0])  # out of bounds: dropped
+    return out.at[(first, *index[1:])].set(values, mode="drop")
+
+
 def causal(n: int, xp: Any = np) -> Any:
     """The ``[n, n]`` boolean mask of key position <= query position."""
     return xp.arange(n)[:, None] >= xp.arange(n)[None, :]
 
 
-__all__ = ["causal", "namespace", "scatter_add"]
+__all__ = ["causal", "namespace", "scatter_add", "scatter_set"]

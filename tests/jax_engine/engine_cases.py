@@ -50,6 +50,8 @@ def cases(draw: st.DrawFn, schemes: tuple[str, ...] = SUPPORTED) -> Case:
     seed = draw(st.integers(0, 2**16))
     rng = np.random.default_rng(seed)
     params = {k: v.astype(dtype) for k, v in shardsim.models.reference_mlp.init(d, f, seed=seed).items()}
+    if name in ("ep", "dp_ep"):  # a mixture of n experts, split over the expert axis
+        params = {k: v.astype(dtype) for k, v in shardsim.models.reference_moe.init(d, f, seed, experts=n).items()}
     if name in ("tp_ln", "tp_sp"):  # a LayerNorm before the MLP
         params |= {"gamma": rng.standard_normal(d).astype(dtype), "beta": rng.standard_normal(d).astype(dtype)}
     return Case(

@@ -41,6 +41,8 @@ PLANS = [
     ("tp=2,recompute=selective,attention=standard", dict(GPT, bias=True, tie_embeddings=True)),
     ("dp=2,zero=1,tp=2,sp,recompute=selective", dict(LLAMA, kv_heads=1)),
     ("dp=2,tp=2,sp,attention=standard", dict(GPT, dropout=0.1)),  # the reference's masks, each device's block
+    ("dp=2,ep=2,tp=2", dict(GPT, experts=4, top_k=2)),  # experts split whole over ep, their widths over tp
+    ("dp=4,ep=2,zero=1", dict(GPT, experts=4, top_k=1, capacity_factor=1.0)),  # tokens over capacity dropped
 ]
 
 
@@ -156,7 +158,6 @@ def test_a_jax_mesh_with_the_plans_axes() -> None:
     [
         ("dp=2,pp=2", GPT, "pipeline parallelism"),
         ("dp=2,cp=2", GPT, "context parallelism"),
-        ("dp=2,ep=2", dict(GPT, experts=4), "mixture of experts"),
     ],
 )
 def test_what_it_does_not_run_yet_is_refused_by_name(spec: str, kw: dict, what: str) -> None:

@@ -28,7 +28,9 @@ CASES = [
     ("dp=2,zero=2,tp=2", AdamW(lr=0.01, weight_decay=0.1)),
     ("dp=2,zero=3,tp=2,sp", Adam(lr=0.01)),
     ("tp=4,recompute=full", SGD(lr=0.1)),
+    ("dp=2,ep=2,zero=1", Adam(lr=0.01)),  # with the experts of MOE
 ]
+MOE = dict(LLAMA, mlp="gelu", experts=4, top_k=2)
 
 
 def tokens(cfg: TransformerConfig, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -51,7 +53,7 @@ def same_steps(got: Trainer, want: Trainer, tok: np.ndarray, tgt: np.ndarray, to
 
 @pytest.mark.parametrize(("spec", "opt"), CASES, ids=[s for s, _ in CASES])
 def test_jax_trainer_equals_numpy_trainer(spec: str, opt: object) -> None:
-    cfg = TransformerConfig(**LLAMA)
+    cfg = TransformerConfig(**(MOE if "ep=" in spec else LLAMA))
     p, plan = reference.init(cfg, seed=1, dtype="float64"), Plan.parse(spec)
     got = Trainer(cfg, plan, plan.mesh(), p, opt, engine="jax")
     want = Trainer(cfg, plan, plan.mesh(), p, opt)

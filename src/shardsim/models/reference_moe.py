@@ -32,6 +32,7 @@ import numpy as np
 
 from ..activations import get as get_activation
 from ..dtypes import resolve_dtype
+from ..xp import namespace
 
 Params = dict[str, np.ndarray]
 
@@ -49,7 +50,7 @@ def init(d_model: int, d_ff: int, seed: int = 0, dtype: Any = "float32", experts
 
 def softmax(logits: np.ndarray) -> np.ndarray:
     """Softmax over the last dimension, shifted by the max so ``exp`` cannot overflow."""
-    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    z = namespace(logits).exp(logits - logits.max(axis=-1, keepdims=True))
     return z / z.sum(axis=-1, keepdims=True)
 
 

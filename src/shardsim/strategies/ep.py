@@ -54,6 +54,7 @@ from ..errors import ShardingError
 from ..models import reference_moe as moe
 from ..ops import sum_dim
 from ..pieces import blockwise
+from ..xp import namespace, scatter_set
 from .base import Ctx, Grads, Params, Saved, Scheme, check_dout, shape_of
 
 
@@ -139,39 +140,43 @@ def _capacity_from_factor(factor: Any, top_k: int, per_group: int, experts: int)
 
 # -- per-chip routing kernels (every chip's blocks at once; leading dims are the mesh) -------
 def _route(probs: np.ndarray, k: int, groups: int, capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    xp = namespace(probs)
     lead, (t, e) = probs.shape[:-2], probs.shape[-2:]
     p = probs.reshape(lead + (groups, t // groups, e))
-    top = np.argsort(-p, axis=-1, kind="stable")[..., :k]  # ties: the lower expert first
-    chose = np.zeros(p.shape, np.int64)
-    np.put_along_axis(chose, top, 1, axis=-1)
-    before = np.cumsum(chose, axis=-2) - chose  # tokens of the group already routed to each expert
-    pos = np.take_along_axis(before, top, axis=-1)
-    start = (np.arange(groups) * capacity).reshape((groups, 1, 1))
-    slot = np.where(pos < capacity, start + pos, -1)  # -1: over capacity, dropped
-    gate = np.take_along_axis(p, top, axis=-1)
+    top = xp.argsort(-p, axis=-1, stable=True)[..., :k]  # ties: the lower expert first
+    chose = (top[..., None] == xp.arange(e)).sum(axis=-2)  # 1 where the token chose the expert
+    before = xp.cumsum(chose, axis=-2) - chose  # tokens of the group already routed to each expert
+    pos = xp.take_along_axis(before, top, axis=-1)
+    start = (xp.arange(groups) * capacity).reshape((groups, 1, 1))
+    slot = xp.where(pos < capacity, start + pos, -1)  # -1: over capacity, dropped
+    gate = xp.take_along_axis(p, top, axis=-1)
     shape = lead + (t, k)
     return top.reshape(shape), slot.reshape(shape), gate.reshape(shape)
 
 
+def _flat(a: np.ndarray, lead: tuple[int, ...], tail: int) -> np.ndarray:
+    """``a`` broadcast to ``lead`` and its last ``tail`` dims, the lead folded into one (every chip's)."""
+    xp = namespace(a)
+    return xp.broadcast_to(a, lead + a.shape[a.ndim - tail :]).reshape((-1,) + a.shape[a.ndim - tail :])
+
+
 def _gather(buf: np.ndarray, experts: np.ndarray, slot: np.ndarray) -> np.ndarray:
     """``buf[e, slot]`` for every (token, k): (lead..., T, k, D); dropped pairs read slot 0."""
+    xp = namespace(buf)
     lead = np.broadcast_shapes(buf.shape[:-3], experts.shape[:-2])
-    b = np.broadcast_to(buf, lead + buf.shape[-3:]).reshape((-1,) + buf.shape[-3:])
-    e = np.broadcast_to(experts, lead + experts.shape[-2:]).reshape((-1,) + experts.shape[-2:])
-    s = np.broadcast_to(np.maximum(slot, 0), lead + slot.shape[-2:]).reshape(e.shape)
-    got = b[np.arange(b.shape[0])[:, None, None], e, s]  # (chips, T, k, D)
+    b, e, s = _flat(buf, lead, 3), _flat(experts, lead, 2), _flat(xp.maximum(slot, 0), lead, 2)
+    got = b[xp.arange(b.shape[0])[:, None, None], e, s]  # (chips, T, k, D)
     return got.reshape(lead + got.shape[1:])
 
 
 def _scatter(rows: np.ndarray, experts: np.ndarray, slot: np.ndarray, e_all: int, s_all: int) -> np.ndarray:
     """The buffer (lead..., E, S, D) with ``rows[t, k]`` at ``[e, slot]`` of every kept pair."""
+    xp = namespace(rows)
     lead = np.broadcast_shapes(rows.shape[:-3], experts.shape[:-2])
-    r = np.broadcast_to(rows, lead + rows.shape[-3:]).reshape((-1,) + rows.shape[-3:])
-    e = np.broadcast_to(experts, lead + experts.shape[-2:]).reshape((-1,) + experts.shape[-2:])
-    s = np.broadcast_to(slot, lead + slot.shape[-2:]).reshape(e.shape)
-    buf = np.zeros((r.shape[0], e_all, s_all, r.shape[-1]), rows.dtype)
-    c, t, k = np.nonzero(s >= 0)
-    buf[c, e[c, t, k], s[c, t, k]] = r[c, t, k]  # each (expert, slot) is one token's: no collisions
+    r, e, s = _flat(rows, lead, 3), _flat(experts, lead, 2), _flat(slot, lead, 2)
+    buf = xp.zeros((r.shape[0], e_all, s_all, r.shape[-1]), rows.dtype)
+    chip = xp.broadcast_to(xp.arange(r.shape[0])[:, None, None], s.shape)
+    buf = scatter_set(buf, (chip, e, s), r, where=s >= 0)  # each (expert, slot) is one token's: no collisions
     return buf.reshape(lead + buf.shape[1:])
 
 
@@ -197,7 +202,9 @@ def forward(ctx: Ctx, x: ShardedArray, params: Params) -> tuple[ShardedArray, Sa
         label="route",
     )
     buf = blockwise(  # 3. dispatch into expert slots: Buf[E, S_Y, D]
-        lambda xb, e, s: _scatter(np.broadcast_to(xb[..., None, :], xb.shape[:-1] + (k, d)), e, s, e_all, groups * cap),
+        lambda xb, e, s: _scatter(
+            namespace(xb).broadcast_to(xb[..., None, :], xb.shape[:-1] + (k, d)), e, s, e_all, groups * cap
+        ),
         [x, experts, slot],
         (f"[E, {_split('S', token_axes(ctx))}, D]", (e_all, s_all, d), x.dtype),
         label="Buf",
@@ -261,8 +268,8 @@ def _combine_backward(
     rows = db[..., None, :] * (g * kept)[..., None]  # (lead..., T, k, D)
     dy = _scatter(rows, e, s, e_all, s_local)
     dgate = (_gather(yb, e, s) * db[..., None, :]).sum(axis=-1) * kept  # (lead..., T, k)
-    dprobs = np.zeros(dgate.shape[:-1] + (e_all,), dgate.dtype)
-    np.put_along_axis(dprobs, e, dgate, axis=-1)
+    chosen = e[..., None] == namespace(e).arange(e_all)  # (lead..., T, k, E): a token's k experts differ
+    dprobs = (dgate[..., None] * chosen).sum(axis=-2).astype(dgate.dtype)
     return dy, dprobs
 
 

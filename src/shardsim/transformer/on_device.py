@@ -37,8 +37,6 @@ def unsupported(cfg: TransformerConfig, plan: Plan) -> str | None:
         return "pipeline parallelism (pp > 1)"
     if plan.cp > 1:
         return "context parallelism (cp > 1): the causal mask's work per chip is read from positions that travel"
-    if cfg.experts:
-        return "a mixture of experts (its routing sorts and scatters with NumPy)"
     return None
 
 

@@ -30,6 +30,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -53,7 +54,8 @@ class JaxEngine(Engine):
         return jnp.asarray(c)[mine].reshape((1,) * len(names) + c.shape[len(names) :])
 
     def cast(self, c: Any, dtype: Any) -> Any:
-        return c.astype(dtype)
+        # JAX's own dtype for it (int64 is int32 without jax_enable_x64): the ledger counts the logical one
+        return c.astype(jax.dtypes.canonicalize_dtype(dtype))
 
     def elementwise(self, fn: Callable[..., Any], nm: int, *cs: Any) -> Any:
         # on the block without the size-1 mesh dims, as every other kernel: with them XLA

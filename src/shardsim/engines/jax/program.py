@@ -40,7 +40,7 @@ from ...tracing import Trace, phase, trace
 from .kernels import JAX
 from .placement import check_dtype, fetch, meshes, put, sharding
 
-SUPPORTED = ("ddp", "fsdp", "tp", "fsdp_tp", "tp_ln", "tp_sp", "zero1", "zero2", "zero3")
+SUPPORTED = ("ddp", "fsdp", "tp", "fsdp_tp", "tp_ln", "tp_sp", "ep", "dp_ep", "zero1", "zero2", "zero3")
 """The schemes the JAX engine runs; ``docs/engines.md`` says why the others do not, yet."""
 
 
