@@ -1,9 +1,10 @@
-"""The fsdp_tp step across hosts: 2 processes x 4 CPU devices, joined by ``jax.distributed``.
+"""The fsdp_tp step and a transformer's step across hosts: 2 processes x 4 CPU devices, joined by ``jax.distributed``.
 
 Run with no arguments, it starts the two processes on localhost (each one a "host" with 4
 CPU devices, talking over CPU collectives), lets them run shardsim's fsdp_tp forward and
-backward on the 4 x 2 mesh of all 8 devices, and checks the result against the same step in
-one process. Each process is this script again, with ``--process-id``::
+backward on the 4 x 2 mesh of all 8 devices, then a Llama-style transformer's step under
+``dp=2,zero=3,tp=2,sp,cp=2`` on the same 8 devices, and checks both against the same steps
+in one process. Each process is this script again, with ``--process-id``::
 
     python examples/jax/multihost_fsdp_tp.py              # both processes, then the check
     python examples/jax/multihost_fsdp_tp.py --process-id 0 --port 12355 --out out.npz   # one host
@@ -37,6 +38,20 @@ def inputs() -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     return params, rng.standard_normal((B, D)).astype(np.float32), rng.standard_normal((B, D)).astype(np.float32)
 
 
+PLAN = "dp=2,zero=3,tp=2,sp,cp=2"
+
+
+def model_inputs() -> tuple[object, dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """A small Llama-style model, its weights and a batch of token ids (the same in every process)."""
+    from shardsim.models import TransformerConfig, reference
+
+    cfg = TransformerConfig(layers=2, d_model=16, heads=4, d_ff=32, vocab=32, seq=16, kv_heads=2,
+                            mlp="swiglu", norm="rmsnorm", position="rope")  # fmt: skip
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, cfg.vocab, (4, cfg.seq)).astype(np.int32)
+    return cfg, reference.init(cfg, seed=1), tokens, np.roll(tokens, -1, axis=1)
+
+
 def one_host(process_id: int, port: int, out: str) -> None:
     """One process: join the others, run the step on the global mesh, save what this host sees."""
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}"
@@ -49,9 +64,17 @@ def one_host(process_id: int, port: int, out: str) -> None:
     mesh = jax.make_mesh((4, 2), ("X", "Y"))  # all 8 devices of both processes
     params, x, dout = inputs()
     r = engine.run_strategy("fsdp_tp", mesh, params, x, dout, activation="relu")
-    np.savez(out, out=r.out, **{f"d{k}": v for k, v in r.grads.items()})
+    from shardsim.plans import Plan
+
+    plan = Plan.parse(PLAN)
+    layout = plan.mesh()
+    model = engine.run_model(*model_inputs()[:1], plan, jax.make_mesh(layout.shape, layout.axis_names),
+                             *model_inputs()[1:])  # fmt: skip
+    np.savez(out, out=r.out, **{f"d{k}": v for k, v in r.grads.items()}, loss=model.loss,
+             **{f"model.d{k}": v for k, v in model.grads.items()})  # fmt: skip
     print(f"process {process_id}: {jax.local_device_count()} of {jax.device_count()} devices, "
-          f"{len(r.trace.collectives())} collectives")  # fmt: skip
+          f"{len(r.trace.collectives())} collectives; the transformer under {PLAN}: "
+          f"{len(model.trace.collectives())} collectives")  # fmt: skip
     jax.distributed.shutdown()
 
 
@@ -84,6 +107,10 @@ def main() -> None:
     params, x, dout = inputs()
     single = engine.run_strategy("fsdp_tp", shardsim.Mesh(X=4, Y=2), params, x, dout, activation="relu")
     want = {"out": single.out, **{f"d{k}": v for k, v in single.grads.items()}}
+    cfg, model_params, tokens, targets = model_inputs()
+    plan = shardsim.Plan.parse(PLAN)
+    step = engine.run_model(cfg, plan, plan.mesh(), model_params, tokens, targets)
+    want |= {"loss": np.asarray(step.loss), **{f"model.d{k}": v for k, v in step.grads.items()}}
     # CPU collectives between processes sum in their own order: equal within float32's tolerance
     tol = shardsim.dtypes.tolerance("float32", F) * 8
     worst = 0.0
@@ -93,7 +120,8 @@ def main() -> None:
             assert err <= tol, f"process {i}: {key} differs by {err:.3g} (relative), above {tol:.3g}"
             worst = max(worst, err)
     print(
-        f"{PROCESSES} processes x {DEVICES_PER_PROCESS} devices: out and gradients equal the single-process run "
+        f"{PROCESSES} processes x {DEVICES_PER_PROCESS} devices: out and gradients, and the transformer's loss and "
+        "gradients, equal the single-process run "
         f"(largest relative difference {worst:.1e}, tolerance {tol:.1e})"
     )
 

@@ -114,9 +114,10 @@ def concat(values: Sequence[ShardedArray], dim: str | int, *, label: str | None 
     if has_data:
         nm = len(mesh.shape)
         blocks = [v.compact() for v in values]
+        xp = namespace(blocks[0])
         lead = np.broadcast_shapes(*(b.shape[:nm] for b in blocks))
-        blocks = [np.broadcast_to(b, lead + b.shape[nm:]) for b in blocks]
-        data = np.concatenate(blocks, axis=nm + i)
+        blocks = [xp.broadcast_to(b, lead + b.shape[nm:]) for b in blocks]
+        data = xp.concatenate(blocks, axis=nm + i)
     return ShardedArray(
         mesh,
         first.layout,
@@ -234,7 +235,8 @@ def _stacked(values: Sequence[ShardedArray], name: str, along: tuple[str, ...]) 
     if has_data:
         nm = len(mesh.shape)
         lead = np.broadcast_shapes(*(v.compact().shape[:nm] for v in values))
-        arr = np.stack([np.broadcast_to(v.compact(), lead + v.local_shape) for v in values], axis=nm)
+        xp = namespace(values[0].compact())
+        arr = xp.stack([xp.broadcast_to(v.compact(), lead + v.local_shape) for v in values], axis=nm)
         if along:  # (mesh..., len, *block) → the new dimension's owners along their mesh axes
             pos = [mesh.axis_index(a) for a in along]
             arr = arr.reshape(arr.shape[:nm] + tuple(sizes) + (per_owner,) + arr.shape[nm + 1 :])

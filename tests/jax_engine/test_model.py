@@ -43,6 +43,10 @@ PLANS = [
     ("dp=2,tp=2,sp,attention=standard", dict(GPT, dropout=0.1)),  # the reference's masks, each device's block
     ("dp=2,ep=2,tp=2", dict(GPT, experts=4, top_k=2)),  # experts split whole over ep, their widths over tp
     ("dp=4,ep=2,zero=1", dict(GPT, experts=4, top_k=1, capacity_factor=1.0)),  # tokens over capacity dropped
+    ("dp=2,cp=2", GPT),  # ring attention, balanced order, learned positions put back in order
+    ("dp=2,zero=3,tp=2,sp,cp=2", LLAMA),  # RoPE at each row's real position
+    ("cp=4,cp_method=all_gather,cp_balanced=False", LLAMA),
+    ("tp=2,cp=2,attention=standard,recompute=full", GPT),
 ]
 
 
@@ -157,7 +161,6 @@ def test_a_jax_mesh_with_the_plans_axes() -> None:
     ("spec", "kw", "what"),
     [
         ("dp=2,pp=2", GPT, "pipeline parallelism"),
-        ("dp=2,cp=2", GPT, "context parallelism"),
     ],
 )
 def test_what_it_does_not_run_yet_is_refused_by_name(spec: str, kw: dict, what: str) -> None:

@@ -29,6 +29,7 @@ CASES = [
     ("dp=2,zero=3,tp=2,sp", Adam(lr=0.01)),
     ("tp=4,recompute=full", SGD(lr=0.1)),
     ("dp=2,ep=2,zero=1", Adam(lr=0.01)),  # with the experts of MOE
+    ("dp=2,zero=2,cp=2,tp=2,sp", Adam(lr=0.01)),
 ]
 MOE = dict(LLAMA, mlp="gelu", experts=4, top_k=2)
 

@@ -1,4 +1,5 @@
-"""fsdp_tp as 2 processes x 4 CPU devices (``jax.distributed`` on localhost) equals the single-process run.
+"""fsdp_tp and a transformer's step as 2 processes x 4 CPU devices (``jax.distributed`` on localhost) equal the
+single-process run.
 
 Marked ``multihost``: it starts two processes and takes ~10 s; CI runs it with the rest.
 """
@@ -29,6 +30,6 @@ def test_two_processes_equal_one() -> None:
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "process 0: 4 of 8 devices, 11 collectives" in proc.stdout
-    assert "process 1: 4 of 8 devices, 11 collectives" in proc.stdout
-    assert "2 processes x 4 devices: out and gradients equal the single-process run" in proc.stdout
+    assert "process 0: 4 of 8 devices, 11 collectives; the transformer under" in proc.stdout
+    assert "process 1: 4 of 8 devices, 11 collectives; the transformer under" in proc.stdout
+    assert "out and gradients, and the transformer's loss and gradients, equal the single-process run" in proc.stdout

@@ -30,7 +30,9 @@ def _rotation(positions: np.ndarray, head_dim: int, theta: float, dtype: np.dtyp
     """``cos, sin [S, 1, H/2]`` of angle ``position * theta^(-2j/H)`` (Su et al. 2021)."""
     xp = namespace(positions)
     inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    angle = xp.asarray(positions, dtype=np.float64)[:, None, None] * inv_freq
+    # float64 on NumPy; on JAX the widest float it runs (float32 unless jax_enable_x64)
+    pos = np.asarray(positions, dtype=np.float64) if xp is np else xp.asarray(positions) * xp.asarray(1.0)
+    angle = pos[:, None, None] * inv_freq
     return xp.cos(angle).astype(dtype), xp.sin(angle).astype(dtype)
 
 

@@ -36,10 +36,10 @@ from ..errors import EngineError
 from ..layout import Layout
 from ..mesh import Mesh
 from ..ops import cast
-from ..strategies.stack import run_step
 from ..tracing import Trace, phase, trace
+from ..transformer import context_parallel
 from ..transformer.embedding import LOSS_PARTS, mean_loss
-from ..transformer.on_device import DeviceStep, device_value, local_block, loss_layouts, unsupported
+from ..transformer.on_device import DeviceStep, device_value, local_block, probe, unsupported
 from ..transformer.placement import place_tokens
 from .jax_step import check_alive, host
 from .model_step import gradient_reductions, step_dropout_seed
@@ -95,7 +95,7 @@ class JaxModelStep:
             with engines.use(JAX), gradient_reductions(t):
                 step = DeviceStep(
                     t.cfg, plan, mesh, shape[1], weights, tok, tgt,
-                    layouts=layouts, shapes=shapes, compute=prec.compute, dropout_seed=seed,
+                    layouts=layouts, shapes=shapes, compute=prec.compute, dropout_seed=seed, attention_work=work,
                 )  # fmt: skip
 
                 def state(k: str, b: Any, dtype: np.dtype, label: str) -> ShardedArray:
@@ -105,7 +105,7 @@ class JaxModelStep:
                 moms = {
                     k: {s: state(k, b, prec.moment_dtype, f"{s}.{k}") for s, b in m.items()} for k, m in moments.items()
                 }
-                stepped = run_step(step)
+                stepped = step.run()
                 stats["stored"] = sum(stepped.stored, np.zeros(mesh.shape, np.int64))
                 stats["model_state"] = {c: mesh.memory.live(c) for c in MODEL_STATE}
                 grads = {k: step.grads.done[k] for k in t.params}  # updated in the weights' order, as on NumPy
@@ -123,7 +123,8 @@ class JaxModelStep:
         master_specs = {k: spec(state_lay[k]) for k in t.master}
         m_specs = {k: {s: spec(state_lay[k]) for s in opt.slots} for k in t.params}
         tok_spec = spec(layouts["tokens"])
-        parts = {k: spec(v) for k, v in loss_layouts(t.cfg, plan, mesh, shapes, ids).items()}
+        laid, work = probe(t.cfg, plan, mesh, shapes, {k: prec.compute for k in t.params} | {"tokens": ids})
+        parts = {k: spec(laid.loss_layouts[k]) for k in LOSS_PARTS}
         in_specs = (w_specs, master_specs, m_specs, tok_spec, tok_spec, spec("[N]"))
         out_specs = (w_specs, master_specs, m_specs, parts)
         self._put = lambda a, layout, dtype: put(np.asarray(a, dtype), sharding(self.jmesh, layout))
@@ -226,6 +227,10 @@ class JaxModelStep:
         }
         factors = np.asarray(t.optimizer.factors(t.step_count + 1), prec.state_dtype)
         ids = self._tokens_layout
+        if t.roles.context is not None:  # the sequence in its context-parallel order, as run_model puts it
+            assert t.plan is not None
+            rows = context_parallel.order(tokens.shape[1], t.plan.cp, balanced=t.plan.cp_balanced)
+            tokens, targets = context_parallel.permuted(tokens, rows), context_parallel.permuted(targets, rows)
         return (
             weights,
             masters,

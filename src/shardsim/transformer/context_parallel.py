@@ -26,6 +26,7 @@ from ..mesh import Mesh
 from ..pieces import blockwise
 from ..strategies.context import AttentionSaved, balanced_order, context_attention, context_attention_backward
 from ..strategies.context.problem import geometry
+from ..xp import namespace, scatter_set
 from .local import per_chip
 from .roles import Roles
 
@@ -61,9 +62,8 @@ def position_grads(dx: ShardedArray, pos: ShardedArray, partial: tuple[str, ...]
 
     def fn(a: np.ndarray, p: np.ndarray) -> np.ndarray:
         def one(ab: np.ndarray, pb: np.ndarray) -> np.ndarray:
-            out = np.zeros((seq, d), ab.dtype)
-            out[pb] = ab.sum(axis=0)
-            return out
+            out = namespace(ab).zeros((seq, d), ab.dtype)
+            return scatter_set(out, (pb,), ab.sum(axis=0), where=pb >= 0)  # each position once
 
         return per_chip(one, a, p, nm=nm)
 

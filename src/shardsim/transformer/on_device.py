@@ -27,7 +27,8 @@ from ..layout import Layout
 from ..mesh import Mesh
 from ..models import TransformerConfig
 from ..plans import Plan
-from ..strategies.stack import run_step
+from ..strategies.context.problem import WorkLog, work_log
+from ..strategies.stack import Stepped, run_step
 from .run import ModelStep
 
 
@@ -35,8 +36,6 @@ def unsupported(cfg: TransformerConfig, plan: Plan) -> str | None:
     """What of ``plan`` a step on device blocks cannot run yet (None: it runs all of it)."""
     if plan.pp > 1:
         return "pipeline parallelism (pp > 1)"
-    if plan.cp > 1:
-        return "context parallelism (cp > 1): the causal mask's work per chip is read from positions that travel"
     return None
 
 
@@ -59,16 +58,18 @@ def probe(
     mesh: Mesh,
     shapes: Mapping[str, tuple[int, ...]],
     dtypes: Mapping[str, np.dtype],
-) -> ModelStep:
+) -> tuple[ModelStep, list[np.ndarray]]:
     """The step run shape-only on a twin of ``mesh`` (its own ledger), for the layouts an SPMD
-    program needs before it traces: the weights', the tokens', the gradients' and the loss parts'.
-    ``shapes`` and ``dtypes`` hold every weight's and ``"tokens"``."""
+    program needs before it traces: the weights', the tokens', the gradients' and the loss parts',
+    and, second, the attention blocks' work per chip, which :class:`DeviceStep` replays where the
+    positions are traced. ``shapes`` and ``dtypes`` hold every weight's and ``"tokens"``."""
     twin = Mesh(dict(zip(mesh.axis_names, mesh.shape)))
     weights = {k: ShapeDtype(v, dtypes[k]) for k, v in shapes.items() if k not in ("tokens", "targets")}
     ids = ShapeDtype(shapes["tokens"], dtypes["tokens"])
     step = ModelStep(cfg, plan, twin, weights, shapes["tokens"][1]).inputs(ids, ids, None)
-    run_step(step)
-    return step
+    with work_log(WorkLog([])) as log:  # the causal mask's work per chip, read from the positions' values
+        run_step(step)
+    return step, log.works
 
 
 def loss_layouts(
@@ -83,7 +84,7 @@ def loss_layouts(
     '[B_{data}, S]'
     """
     dtypes = {k: np.dtype(np.float32) for k in shapes} | {"tokens": ids}
-    return probe(cfg, plan, mesh, shapes, dtypes).loss_layouts
+    return probe(cfg, plan, mesh, shapes, dtypes)[0].loss_layouts
 
 
 class DeviceStep(ModelStep):
@@ -105,10 +106,17 @@ class DeviceStep(ModelStep):
         shapes: Mapping[str, tuple[int, ...]],
         compute: np.dtype,
         dropout_seed: int | None = None,
+        attention_work: list[np.ndarray] | None = None,
     ) -> None:
         super().__init__(cfg, plan, mesh, blocks, seq)
         self.inputs(tokens, targets, dropout_seed)
         self.layouts, self.shapes, self.compute = layouts, shapes, compute
+        self.attention_work = list(attention_work or [])
+
+    def run(self) -> Stepped:
+        """The step (:func:`run_step`), the attention's work per chip replayed from :func:`probe`'s run."""
+        with work_log(WorkLog(list(self.attention_work), replaying=True)):
+            return run_step(self)
 
     def place(self) -> None:
         mesh, lay, shapes = self.mesh, self.layouts, self.shapes

@@ -44,7 +44,7 @@ from ...mesh import Mesh
 from ...models import TransformerConfig
 from ...plans import Plan
 from ...strategies.result import RunResult
-from ...strategies.stack import Stepped, run_step
+from ...strategies.stack import Stepped
 from ...transformer import context_parallel
 from ...transformer.embedding import LOSS_PARTS, mean_loss
 from ...transformer.on_device import DeviceStep, local_block, probe, unsupported
@@ -73,6 +73,7 @@ class ModelProgram:
     dtypes: dict[str, np.dtype]
     compute: np.dtype
     dropout_seed: int | None = None
+    attention_work: tuple[np.ndarray, ...] = ()
 
 
 def plan_model(
@@ -99,7 +100,7 @@ def plan_model(
         dtypes[k] = id_dtype(np.asarray(tokens if k == "tokens" else targets).dtype)
     inputs = {"tokens": tokens, "targets": targets, **params}
     shapes = {k: tuple(v.shape) if isinstance(v, ShapeDtype) else tuple(np.shape(v)) for k, v in inputs.items()}
-    laid = probe(cfg, plan, smesh, shapes, dtypes)  # shape-only: the layouts, on a twin's ledger
+    laid, work = probe(cfg, plan, smesh, shapes, dtypes)  # shape-only: the layouts, on a twin's ledger
     layouts = {k: str(v.layout) for k, v in laid.step.weights.items()}
     layouts["tokens"] = str(laid.tok.layout)
     layouts.update({f"d{k}": str(laid.grads.done[k].layout) for k in params})
@@ -107,7 +108,7 @@ def plan_model(
     partial = [k for k in (*(f"d{k}" for k in params), *LOSS_PARTS) if Layout.parse(layouts[k]).partial]
     if partial:
         raise EngineError(f"{plan}: results {partial} of the step are unreduced partial sums")
-    return ModelProgram(cfg, plan, jmesh, smesh, s, layouts, shapes, dtypes, laid.dtype, dropout_seed)
+    return ModelProgram(cfg, plan, jmesh, smesh, s, layouts, shapes, dtypes, laid.dtype, dropout_seed, tuple(work))
 
 
 def program_fn(prog: ModelProgram, recorded: dict[str, Any] | None = None) -> Callable[..., Any]:
@@ -123,8 +124,9 @@ def program_fn(prog: ModelProgram, recorded: dict[str, Any] | None = None) -> Ca
             step = DeviceStep(
                 prog.cfg, prog.plan, prog.mesh, prog.seq, params, tokens, targets,
                 layouts=lay, shapes=prog.shapes, compute=prog.compute, dropout_seed=prog.dropout_seed,
+                attention_work=list(prog.attention_work),
             )  # fmt: skip
-            stepped = run_step(step)
+            stepped = step.run()
             if recorded is not None:
                 recorded["stepped"] = stepped
             return {k: local_block(step.grads.done[k]) for k in keys}, step.loss_parts()

@@ -24,7 +24,10 @@ each chip's visible tile pairs from the positions of the blocks it holds.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,9 +189,15 @@ class Geometry:
         now, read from their positions (every tile pair when not causal)."""
         if not self.causal or pos_q is None or pos_k is None:
             return np.full(self.cp, self.tiles * self.tiles, np.int64)
+        replay = _WORK.get()
+        if replay is not None and replay.replaying:  # positions the engine traces: the counts read before
+            return replay.works.pop(0)
         counts = visible_tiles(pos_q.compact(), pos_k.compact(), self.tiles)  # mesh dims, C the only one > 1
         along = [self.cp if a == self.axis else 1 for a in self.mesh.axis_names]
-        return np.broadcast_to(counts, along).reshape(self.cp).astype(np.int64)
+        work = np.broadcast_to(counts, along).reshape(self.cp).astype(np.int64)
+        if replay is not None:
+            replay.works.append(work)
+        return work
 
     def _chip(self, c: int) -> np.ndarray:
         """The chips at position ``c`` of the context axis (and holding the attention's values)."""
@@ -197,6 +206,35 @@ class Geometry:
         shape[self.mesh.axis_index(self.context_axis)] = self.cp
         mask = np.broadcast_to(along.reshape(shape), self.mesh.shape)
         return mask & (True if self.holders is None else self.holders)
+
+
+@dataclass
+class WorkLog:
+    """The per-chip work counts of a program's attention blocks, in program order: recorded by a
+    run that reads its positions (the stacked engine, shape-only too: positions keep their data),
+    replayed by the same program on an engine whose positions are traced values (JAX's)."""
+
+    works: list[np.ndarray]
+    replaying: bool = False
+
+
+_WORK: contextvars.ContextVar[WorkLog | None] = contextvars.ContextVar("shardsim_attention_work", default=None)
+
+
+@contextlib.contextmanager
+def work_log(log: WorkLog) -> Iterator[WorkLog]:
+    """Record the attention blocks' work counts into ``log`` (or, with ``log.replaying``, read them from it).
+
+    >>> with work_log(WorkLog([])) as log:
+    ...     pass
+    >>> log.works
+    []
+    """
+    token = _WORK.set(log)
+    try:
+        yield log
+    finally:
+        _WORK.reset(token)
 
 
 def geometry(
