@@ -10,7 +10,7 @@ from doc_blocks import python_blocks, run_blocks
 
 
 def test_engines_page_runs() -> None:
-    assert len(python_blocks("engines.md")) == 4
+    assert len(python_blocks("engines.md")) == 5
     ns = run_blocks("engines.md")
     assert ns["t"].step_count == 1 and ns["out"].shape == (8, 8)
-    assert ns["loss"].shape == () and abs(float(ns["loss"]) - ns["want"].loss) < 1e-5
+    assert ns["loss"].shape == () and ns["n"] == 3

@@ -17,6 +17,7 @@ jax = pytest.importorskip("jax")
 from shardsim import EngineError  # noqa: E402
 from shardsim.models import TransformerConfig, reference  # noqa: E402
 from shardsim.plans import Plan  # noqa: E402
+from shardsim.specs import to_partition_spec  # noqa: E402
 from shardsim.training import SGD, Adam, AdamW, Trainer  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("jax-model")
@@ -92,3 +93,21 @@ def test_a_plan_it_cannot_run_is_refused_when_built() -> None:
     cfg = TransformerConfig(**LLAMA)
     with pytest.raises(EngineError, match="pipeline parallelism"):
         Trainer(cfg, "dp=2,pp=2", Plan(dp=2, pp=2).mesh(), reference.init(cfg), "sgd", engine="jax")
+
+
+@pytest.mark.parametrize("spec", ["dp=2,zero=1,tp=2", "dp=2,zero=3,cp=2"])
+def test_compile_step_is_the_trainers_step_in_a_jax_loop(spec: str) -> None:
+    from shardsim.engines import jax as engine
+
+    cfg = TransformerConfig(**LLAMA)
+    p, plan = reference.init(cfg, seed=1, dtype="float64"), Plan.parse(spec)
+    tok, tgt = tokens(cfg)
+    step, state, factors = engine.compile_step(cfg, plan, plan.mesh(), Adam(lr=0.01), p, tok, tgt)
+    want = Trainer(cfg, plan, plan.mesh(), p, Adam(lr=0.01))
+    for n in (1, 2, 3):
+        state, loss = step(state, tok, tgt, factors(n))
+        assert float(loss) == pytest.approx(want.step(tok, tgt).loss, abs=1e-12)
+    weights = state[0]
+    for k, v in want.params_global().items():
+        assert weights[k].sharding.spec == to_partition_spec(want.params[k].layout), k
+        np.testing.assert_allclose(np.asarray(weights[k]), v, rtol=1e-9, atol=1e-9 * float(np.abs(v).max()), err_msg=k)

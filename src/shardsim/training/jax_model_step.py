@@ -128,6 +128,7 @@ class JaxModelStep:
         in_specs = (w_specs, master_specs, m_specs, tok_spec, tok_spec, spec("[N]"))
         out_specs = (w_specs, master_specs, m_specs, parts)
         self._put = lambda a, layout, dtype: put(np.asarray(a, dtype), sharding(self.jmesh, layout))
+        self.factors_sharding = sharding(self.jmesh, "[N]")
         self._tokens_layout = layouts["tokens"]
         mapped = jax.shard_map(body, mesh=self.jmesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
         return jax.jit(mapped)
@@ -167,28 +168,42 @@ class JaxModelStep:
         return new_w, new_master, new_m
 
     # -- one step ---------------------------------------------------------------------------
-    def __call__(self, tokens: Any, targets: Any) -> StepResult:
+    def _checked(self, tokens: Any, targets: Any) -> tuple[np.ndarray, np.ndarray, int | None]:
+        """The ids checked against the model and plan, in JAX's dtype, and the step's dropout seed."""
         from ..engines.jax.placement import id_dtype
-
-        t = self.trainer
-        check_alive(t)
-        tokens, targets = np.asarray(tokens), np.asarray(targets)
         from ..transformer import checks
 
+        t = self.trainer
         assert t.plan is not None
+        tokens, targets = np.asarray(tokens), np.asarray(targets)
         checks.check_tokens(t.cfg, t.plan, tokens, targets)
         checks.check_model(t.cfg, t.plan, tokens.shape[1])
         ids = id_dtype(tokens.dtype)
         seed = None if t.dropout_seed is None else step_dropout_seed(t.dropout_seed, t.step_count + 1)
+        return tokens.astype(ids), targets.astype(ids), seed
+
+    def compiled(self, tokens: Any, targets: Any) -> tuple[Any, tuple[Any, ...]]:
+        """``(fn, args)``: the jitted step for ids like ``tokens`` and the trainer's state placed as its
+        arguments, ``fn(weights, masters, moments, tokens, targets, factors) -> (weights, masters,
+        moments, loss parts)`` (``factors``: the optimizer's ``factors(step)``)."""
+        tokens, targets, seed = self._checked(tokens, targets)
+        fn = self._program(tokens.shape, tokens.dtype, seed)
+        return fn, self._arguments(tokens, targets)
+
+    def __call__(self, tokens: Any, targets: Any) -> StepResult:
+        t = self.trainer
+        check_alive(t)
+        tokens, targets, seed = self._checked(tokens, targets)
+        ids = tokens.dtype
         key = (tokens.shape, seed)
         ledger = self.mesh.memory
         if key != self._key:  # trace once per input shape (and dropout masks); the trace and ledger are read then
             self._fn, self._key = self._program(tokens.shape, ids, seed), key
             ledger.reset_peak()
             with trace() as self._trace:
-                self._fn = self._fn.lower(*self._arguments(tokens.astype(ids), targets.astype(ids))).compile()
+                self._fn = self._fn.lower(*self._arguments(tokens, targets)).compile()
             self._stats["peak"] = ledger.snapshot()["peak"]
-        new_w, new_master, new_m, parts = self._fn(*self._arguments(tokens.astype(ids), targets.astype(ids)))
+        new_w, new_master, new_m, parts = self._fn(*self._arguments(tokens, targets))
         prec = t.precision
         for k, v in new_w.items():  # the trainer's state is the step's result
             t.params[k] = own(v, t.params[k], prec.compute, "params")
@@ -197,7 +212,8 @@ class JaxModelStep:
             for s, m in new_m[k].items():
                 t.moments[k][s] = own(m, t.moments[k][s], prec.moment_dtype, "optimizer")
         t.step_count += 1
-        stats, names = self._stats, t.mesh.axis_names
+        stats, names, plan = self._stats, t.mesh.axis_names, t.plan
+        assert plan is not None
         layouts = {
             **{k: str(v.layout) for k, v in t.params.items()},
             **{f"d{k}": v for k, v in stats["grad_layouts"].items()},
@@ -213,7 +229,7 @@ class JaxModelStep:
             model_state=stats["model_state"],
             stored_activations=stats["stored"],
             layouts=layouts,
-            axes=dict(t.plan.axes()),
+            axes=dict(plan.axes()),
         )
 
     def _arguments(self, tokens: np.ndarray, targets: np.ndarray) -> tuple[Any, ...]:

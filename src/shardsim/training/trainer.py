@@ -411,6 +411,17 @@ class Trainer(Checkpointed, TrainerState):
             roll_back(self.mesh, undo)
             raise
 
+    @property
+    def engine_step(self) -> Any:
+        """The step program of the trainer's engine: None on NumPy, the jitted step's builder on JAX
+        (its ``compiled(tokens, targets)`` gives the jitted function and the state as its arguments).
+
+        >>> import shardsim
+        >>> Trainer("ddp", shardsim.Mesh(X=2), shardsim.models.reference_mlp.init(4, 8)).engine_step is None
+        True
+        """
+        return self._engine_step
+
     # -- reading the state -----------------------------------------------------------------
     @property
     def master_dtype(self) -> np.dtype:

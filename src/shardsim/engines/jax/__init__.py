@@ -26,10 +26,10 @@ if importlib.util.find_spec("jax") is None:
     )
 
 if TYPE_CHECKING:
-    from .model import ModelProgram, compile_model, plan_model, run_model
+    from .model import ModelProgram, compile_model, compile_step, plan_model, run_model
     from .program import SUPPORTED, Program, compile, plan, program_fn, run_strategy
 
-_MODEL = ("ModelProgram", "compile_model", "plan_model", "run_model")
+_MODEL = ("ModelProgram", "compile_model", "compile_step", "plan_model", "run_model")
 
 
 def __getattr__(name: str) -> Any:
@@ -52,6 +52,7 @@ __all__ = [
     "Program",
     "compile",
     "compile_model",
+    "compile_step",
     "plan",
     "plan_model",
     "program_fn",

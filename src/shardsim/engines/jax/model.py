@@ -185,6 +185,68 @@ def compile_model(
     return jax.jit(step), arguments(prog, params, tokens, targets)
 
 
+def compile_step(
+    cfg: TransformerConfig,
+    plan: Plan | str,
+    mesh: Mesh,
+    optimizer: Any,
+    params: Mapping[str, Any],
+    tokens: Any,
+    targets: Any,
+    **options: Any,
+) -> tuple[Callable[..., Any], tuple[Any, ...], Callable[[int], Any]]:
+    r"""``(step, state, factors)``: the whole training step as a jitted JAX function, its first state, and
+    the optimizer's numbers of step ``n`` — for a JAX training loop.
+
+    ``step(state, tokens, targets, factors(n)) -> (state, loss)``: the forward, the loss, the
+    backward, the gradient reductions and every chip's update of the optimizer state it holds
+    (ZeRO-1/2: the AllGather of the new slices), as :class:`~shardsim.training.Trainer` with
+    ``engine="jax"`` runs it. ``state`` is ``(weights, masters, moments)`` of global
+    ``jax.Array``\ s in the plan's storage and state layouts (``masters`` empty unless mixed
+    precision). ``options`` are the trainer's (``precision``, ``reduce_dtype``).
+
+    >>> import numpy as np, shardsim
+    >>> from shardsim.engines.jax import compile_step
+    >>> from shardsim.models import get, reference
+    >>> cfg, tok = get("gpt-tiny"), np.arange(16, dtype=np.int32).reshape(2, 8)
+    >>> mesh, p = shardsim.Mesh(data=2), reference.init(cfg)
+    >>> step, state, factors = compile_step(cfg, "dp=2,zero=1", mesh, "adam", p, tok, tok)
+    >>> for n in (1, 2):
+    ...     state, loss = step(state, tok, tok, factors(n))
+    >>> state[2]["embed"]["m"].sharding.spec, loss.shape
+    (P(None, 'data'), ())
+    """
+    from ...training import Trainer
+
+    trainer = Trainer(cfg, plan, mesh, params, optimizer, engine="jax", **options)
+    fn, args = trainer.engine_step.compiled(tokens, targets)
+    weights, masters, moments, tok, _, _ = args
+    fs = trainer.engine_step.factors_sharding
+
+    cp = trainer.plan.cp if trainer.roles.context is not None else 1
+    rows = context_parallel.order(np.shape(tokens)[1], cp, balanced=trainer.plan.cp_balanced)
+    ids = tok.sharding
+
+    @jax.jit
+    def run(state: tuple[Any, ...], tokens: Any, targets: Any, factors: Any) -> tuple[tuple[Any, ...], Any]:
+        w, m, mom, parts = fn(*state, tokens, targets, factors)
+        z, big, t = (parts[k] for k in LOSS_PARTS)
+        return (w, m, mom), jnp.mean(jnp.log(z[..., 0]) + big[..., 0] - t)
+
+    def step(state: tuple[Any, ...], tokens: Any, targets: Any, factors: Any) -> tuple[tuple[Any, ...], Any]:
+        # each process places its own devices' ids, in the context-parallel order when there is one
+        placed = (
+            put(np.asarray(v, tok.dtype)[:, rows] if cp > 1 else np.asarray(v, tok.dtype), ids)
+            for v in (tokens, targets)
+        )
+        return run(state, *placed, factors)  # type: ignore[no-any-return]
+
+    def factors(n: int) -> Any:
+        return put(np.asarray(trainer.optimizer.factors(n), trainer.precision.state_dtype), fs)
+
+    return step, (weights, masters, moments), factors
+
+
 def run_model(
     cfg: TransformerConfig,
     plan: Plan | str,
@@ -222,4 +284,4 @@ def run_model(
     )
 
 
-__all__ = ["ModelProgram", "compile_model", "plan_model", "program_fn", "run_model"]
+__all__ = ["ModelProgram", "compile_model", "compile_step", "plan_model", "program_fn", "run_model"]
