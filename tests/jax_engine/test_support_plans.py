@@ -9,14 +9,13 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
-import support_matrix as support  # noqa: E402
+from test_jaxpr import LAX_TO_SHARDSIM, equations, sent_per_chip  # noqa: E402
 
 import shardsim  # noqa: E402
+import support_matrix as support  # noqa: E402
 from shardsim.engines import jax as engine  # noqa: E402
 from shardsim.models import TransformerConfig, reference  # noqa: E402
 from shardsim.plans import Plan  # noqa: E402
-
-from test_jaxpr import LAX_TO_SHARDSIM, equations, sent_per_chip  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("jax-model")
 
