@@ -20,7 +20,7 @@ from test_jaxpr import LAX_TO_SHARDSIM, equations, sent_per_chip  # noqa: E402
 
 import shardsim  # noqa: E402
 from shardsim.engines import jax as engine  # noqa: E402
-from shardsim.errors import EngineError, ModelInputError  # noqa: E402
+from shardsim.errors import ModelInputError  # noqa: E402
 from shardsim.models import TransformerConfig, reference  # noqa: E402
 from shardsim.plans import Plan  # noqa: E402
 
@@ -47,10 +47,16 @@ PLANS = [
     ("dp=2,zero=3,tp=2,sp,cp=2", LLAMA),  # RoPE at each row's real position
     ("cp=4,cp_method=all_gather,cp_balanced=False", LLAMA),
     ("tp=2,cp=2,attention=standard,recompute=full", GPT),
+    ("dp=2,zero=1,tp=2,pp=2,microbatches=2", dict(GPT, layers=4)),  # every stage's code on every device
+    ("pp=2,schedule=interleaved,virtual_stages=2,microbatches=4", dict(LLAMA, layers=4)),
+    ("dp=2,pp=4,schedule=zb-h2,microbatches=8", dict(GPT, layers=4, batch=16)),
+    ("cp=2,tp=2,pp=2,schedule=zb-h1,microbatches=2", LLAMA),
 ]
 
 
-def inputs(kw: dict[str, Any], seed: int = 0, batch: int = 8) -> tuple[TransformerConfig, dict, np.ndarray, np.ndarray]:
+def inputs(kw: dict[str, Any], seed: int = 0) -> tuple[TransformerConfig, dict, np.ndarray, np.ndarray]:
+    kw = dict(kw)
+    batch = kw.pop("batch", 8)
     cfg = TransformerConfig(**kw)
     rng = np.random.default_rng(seed)
     tok, tgt = (rng.integers(0, cfg.vocab, (batch, cfg.seq)) for _ in range(2))
@@ -155,20 +161,6 @@ def test_a_jax_mesh_with_the_plans_axes() -> None:
     jmesh = jax.make_mesh((2, 4), ("data", "model"), devices=jax.devices()[:8])
     got = engine.run_model(cfg, "dp=2,tp=4", jmesh, p, tok, tgt)
     assert got.loss == pytest.approx(reference.loss(cfg, p, tok, tgt), abs=1e-12)
-
-
-@pytest.mark.parametrize(
-    ("spec", "kw", "what"),
-    [
-        ("dp=2,pp=2", GPT, "pipeline parallelism"),
-    ],
-)
-def test_what_it_does_not_run_yet_is_refused_by_name(spec: str, kw: dict, what: str) -> None:
-    cfg, p, tok, tgt = inputs(kw)
-    plan = Plan.parse(spec)
-    with pytest.raises(EngineError, match=what) as e:
-        engine.run_model(cfg, plan, plan.mesh(), p, tok, tgt)
-    assert "shardsim.run_model" in str(e.value) and "docs/engines.md" in str(e.value)
 
 
 def test_bad_tokens_are_the_front_ends_error_before_jax() -> None:

@@ -39,7 +39,7 @@ from ..ops import cast
 from ..tracing import Trace, phase, trace
 from ..transformer import context_parallel
 from ..transformer.embedding import LOSS_PARTS, mean_loss
-from ..transformer.on_device import DeviceStep, device_value, local_block, probe, unsupported
+from ..transformer.on_device import DeviceStep, device_value, local_block, probe
 from ..transformer.placement import place_tokens
 from .jax_step import check_alive, host
 from .model_step import gradient_reductions, step_dropout_seed
@@ -58,11 +58,10 @@ class JaxModelStep:
         from ..engines.jax.placement import meshes  # the engine's errors if JAX is missing or too small
 
         assert trainer.plan is not None
-        missing = unsupported(trainer.cfg, trainer.plan)
-        if missing is not None:
+        if trainer.plan.pp > 1:
             raise EngineError(
-                f"Trainer(engine='jax') does not run {missing} yet (docs/engines.md says what it needs); "
-                "use engine='numpy'"
+                "Trainer(engine='jax') does not run pipeline parallelism (pp > 1) yet: use engine='numpy', or "
+                "shardsim.engines.jax.run_model for the step's gradients (docs/engines.md)"
             )
         self.trainer = trainer
         self.jmesh = meshes(trainer.mesh)[0]
@@ -90,13 +89,11 @@ class JaxModelStep:
         layouts["tokens"] = str(place_tokens(t.mesh, t.roles, ShapeDtype(shape, ids), "tokens").layout)
         shapes = {k: v.global_shape for k, v in t.params.items()} | {"tokens": shape}
         plan = t.plan.replace(precision=None)  # the weights come in the compute dtype
+        laid = probe(t.cfg, plan, mesh, shapes, {k: prec.compute for k in t.params} | {"tokens": ids})
 
         def body(weights: dict, masters: dict, moments: dict, tok: Any, tgt: Any, factors: Any) -> tuple:
             with engines.use(JAX), gradient_reductions(t):
-                step = DeviceStep(
-                    t.cfg, plan, mesh, shape[1], weights, tok, tgt,
-                    layouts=layouts, shapes=shapes, compute=prec.compute, dropout_seed=seed, attention_work=work,
-                )  # fmt: skip
+                step = DeviceStep(t.cfg, plan, mesh, weights, tok, tgt, laid=laid, shapes=shapes, dropout_seed=seed)
 
                 def state(k: str, b: Any, dtype: np.dtype, label: str) -> ShardedArray:
                     return device_value(mesh, b, state_lay[k], shapes[k], dtype, label, "optimizer")
@@ -123,8 +120,7 @@ class JaxModelStep:
         master_specs = {k: spec(state_lay[k]) for k in t.master}
         m_specs = {k: {s: spec(state_lay[k]) for s in opt.slots} for k in t.params}
         tok_spec = spec(layouts["tokens"])
-        laid, work = probe(t.cfg, plan, mesh, shapes, {k: prec.compute for k in t.params} | {"tokens": ids})
-        parts = {k: spec(laid.loss_layouts[k]) for k in LOSS_PARTS}
+        parts = {k: spec(laid.layouts[k]) for k in LOSS_PARTS}
         in_specs = (w_specs, master_specs, m_specs, tok_spec, tok_spec, spec("[N]"))
         out_specs = (w_specs, master_specs, m_specs, parts)
         self._put = lambda a, layout, dtype: put(np.asarray(a, dtype), sharding(self.jmesh, layout))

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .. import engines
 from ..array import ShardedArray
 from ..mesh import Mesh
 from ..models import TransformerConfig
@@ -39,7 +41,7 @@ from ..plans import Plan
 from ..strategies.pipeline.execute import Pipeline, Values
 from ..strategies.pipeline.schedule import make
 from ..strategies.result import RunResult, StepMemory
-from ..tracing import layer, phase, trace
+from ..tracing import Trace, layer, phase, trace
 from . import checks, context_parallel
 from .blocks import layer_backward, layer_forward
 from .embedding import embed_backward, embed_forward, head_backward, head_forward, loss_value
@@ -75,6 +77,8 @@ class _ModelStage:
         self.shape_only = tokens[0].is_shape_only
         self.heads: dict[int, Values] = {}
         self.losses: list[float] = []
+        self.loss_blocks: dict[int, dict[str, Any]] = {}
+        self.loss_layouts: dict[str, str] = {}
         self.held: Values = {}
 
     def ready(self) -> bool:
@@ -92,8 +96,13 @@ class _ModelStage:
 
     def forward_out(self, j: int, x: ShardedArray) -> None:
         parts, self.heads[j] = head_forward(self.steps[j], x, self.targets[j])
-        if not self.shape_only:
+        self.loss_layouts = {k: str(v.layout) for k, v in parts.items()}
+        if self.shape_only:
+            return
+        if engines.active().reads_data:
             self.losses.append(loss_value(parts))
+        else:  # an engine whose numbers cannot be read while it traces: the parts' blocks, per microbatch
+            self.loss_blocks[j] = {k: v.compact() for k, v in parts.items()}
 
     def backward_in(self, stage: int, j: int) -> tuple[ShardedArray, Values]:
         return head_backward(self.steps[j], self.heads.pop(j), self.targets[j], self.dtype, tokens=self.n_tokens)
@@ -127,6 +136,65 @@ class _ModelStage:
         self.grads.flush()  # after the pipeline flush: one reduction over the data axis
 
 
+@dataclass
+class PipelinedRun:
+    """What :func:`run_stages` ran: the stage program (its losses or loss parts), the executor (its
+    stored bytes), the trace, the gradients and the placed tokens."""
+
+    stage: _ModelStage
+    pipeline: Pipeline
+    trace: Trace
+    grads: Gradients
+    tokens: ShardedArray
+
+
+def run_stages(
+    cfg: TransformerConfig,
+    plan: Plan,
+    mesh: Mesh,
+    params: Mapping[str, Any],
+    tokens: Any,
+    targets: Any,
+    *,
+    dropout_seed: int | None = None,
+) -> PipelinedRun:
+    """The pipelined step of a checked plan, on weights and tokens global or placed already (an
+    engine's device blocks, each weight held by its stage)."""
+    pipe = plan.axis("pipe")
+    assert pipe is not None
+    p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
+    roles = Roles.of(plan, cfg.n_kv)
+    dtype = compute_dtype(plan, params)
+    weights = place_weights(cfg, plan, mesh, params, dtype)
+    rows_, pos = None, None
+    s = checks.shape_of(tokens)[1]
+    if roles.context is not None:  # the sequence in its context-parallel order, up front, as run_model does
+        rows_ = context_parallel.order(s, plan.cp, balanced=plan.cp_balanced)
+        tokens, targets = context_parallel.permuted(tokens, rows_), context_parallel.permuted(targets, rows_)
+        pos = context_parallel.positions(mesh, roles, rows_)
+    tok, tgt = place_tokens(mesh, roles, tokens, "tokens"), place_tokens(mesh, roles, targets, "targets")
+    schedule = make(plan.schedule, p, m, v)
+    steps = [Step(cfg, roles, weights, dropout_seed, micro=(j, m), rows=rows_, positions=pos) for j in range(m)]
+    grads = Gradients(Step(cfg, roles, weights, dropout_seed, rows=rows_, positions=pos), s, accumulate=True)
+    stage = _ModelStage(steps, split(tok, "B", m), split(tgt, "B", m), grads, dtype, tok.global_shape[0] * s)
+    # what a stage keeps stays an activation; events name their item, which the cost model reads,
+    # and count in the step's one trace (a failed chip's trace event is the step's)
+    pipeline = Pipeline(
+        schedule, mesh, pipe, cfg.layers // (p * v), category="activations", measure=False, tag_items=True
+    )
+    mesh.memory.reset_peak()
+    with trace() as t:
+        pipeline.run(stage)
+    return PipelinedRun(stage, pipeline, t, grads, tok)
+
+
+def stored_of(run: PipelinedRun, cfg: TransformerConfig, mesh: Mesh) -> tuple[list[np.ndarray], list[dict[str, int]]]:
+    """Each layer's stored bytes per chip and per value, for microbatch 0 on its stage."""
+    zeros = np.zeros(mesh.shape, np.int64)
+    stored = [run.pipeline.stored.get(i, zeros) for i in range(cfg.layers)]
+    return stored, [run.pipeline.stored_values.get(i, {}) for i in range(cfg.layers)]
+
+
 def run_pipelined(
     cfg: TransformerConfig,
     plan: Plan,
@@ -141,39 +209,16 @@ def run_pipelined(
     b, s = checks.check_tokens(cfg, plan, tokens, targets)
     checks.check_model(cfg, plan, s)
     checks.check_pipeline(cfg, plan, b)
-    pipe = plan.axis("pipe")
-    assert pipe is not None
-    p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
-    roles = Roles.of(plan, cfg.n_kv)
-    dtype = compute_dtype(plan, params)
-    weights = place_weights(cfg, plan, mesh, params, dtype)
-    rows_, pos = None, None
-    if roles.context is not None:  # the sequence in its context-parallel order, up front, as run_model does
-        rows_ = context_parallel.order(s, plan.cp, balanced=plan.cp_balanced)
-        tokens, targets = context_parallel.permuted(tokens, rows_), context_parallel.permuted(targets, rows_)
-        pos = context_parallel.positions(mesh, roles, rows_)
-    tok, tgt = place_tokens(mesh, roles, tokens, "tokens"), place_tokens(mesh, roles, targets, "targets")
-    schedule = make(plan.schedule, p, m, v)
-    steps = [Step(cfg, roles, weights, dropout_seed, micro=(j, m), rows=rows_, positions=pos) for j in range(m)]
-    grads = Gradients(Step(cfg, roles, weights, dropout_seed, rows=rows_, positions=pos), s, accumulate=True)
-    stage = _ModelStage(steps, split(tok, "B", m), split(tgt, "B", m), grads, dtype, b * s)
-    # what a stage keeps stays an activation; events name their item, which the cost model reads,
-    # and count in the step's one trace (a failed chip's trace event is the step's)
-    pipeline = Pipeline(
-        schedule, mesh, pipe, cfg.layers // (p * v), category="activations", measure=False, tag_items=True
-    )
-    mesh.memory.reset_peak()
-    with trace() as t:
-        pipeline.run(stage)
-    zeros = np.zeros(mesh.shape, np.int64)
+    run = run_stages(cfg, plan, mesh, params, tokens, targets, dropout_seed=dropout_seed)
+    stored, stored_values = stored_of(run, cfg, mesh)
     return model_result(
         cfg,
         plan,
         mesh,
-        loss=None if tok.is_shape_only else float(np.mean(stage.losses)),
-        sharded_grads={key: grads.done[key] for key in params},
-        trace=t,
+        loss=None if run.tokens.is_shape_only else float(np.mean(run.stage.losses)),
+        sharded_grads={key: run.grads.done[key] for key in params},
+        trace=run.trace,
         memory=StepMemory.since(mesh.memory),  # the weights were placed after the peak's reset: as on a fresh mesh
-        stored=[pipeline.stored.get(i, zeros) for i in range(cfg.layers)],
-        stored_values=[pipeline.stored_values.get(i, {}) for i in range(cfg.layers)],
+        stored=stored,
+        stored_values=stored_values,
     )

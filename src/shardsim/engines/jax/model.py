@@ -45,9 +45,9 @@ from ...models import TransformerConfig
 from ...plans import Plan
 from ...strategies.result import RunResult
 from ...strategies.stack import Stepped
-from ...transformer import context_parallel
+from ...transformer import checks, context_parallel
 from ...transformer.embedding import LOSS_PARTS, mean_loss
-from ...transformer.on_device import DeviceStep, local_block, probe, unsupported
+from ...transformer.on_device import DeviceStep, Laid, local_block, probe, run_pipelined_on_device
 from ...transformer.result import model_result
 from ...transformer.roles import Roles
 from ...transformer.run import check_step
@@ -59,21 +59,22 @@ from .placement import check_dtype, fetch, id_dtype, meshes, put, sharding
 class ModelProgram:
     """A transformer step laid out on a JAX mesh: what :func:`compile_model` builds and :func:`run_model` runs.
 
-    ``layouts`` holds every weight's storage layout (by the reference's key), ``tokens``
-    (the targets' too), each gradient's (``d`` + key) and each loss part's (:data:`LOSS_PARTS`).
+    ``laid`` holds every weight's storage layout (by the reference's key), the tokens' (the
+    targets' too), each gradient's (``d`` + key) and each loss part's (:data:`LOSS_PARTS`).
     """
 
     cfg: TransformerConfig
     plan: Plan
     jmesh: jax.sharding.Mesh
     mesh: Mesh
-    seq: int
-    layouts: dict[str, str]
+    laid: Laid
     shapes: dict[str, tuple[int, ...]]
     dtypes: dict[str, np.dtype]
-    compute: np.dtype
     dropout_seed: int | None = None
-    attention_work: tuple[np.ndarray, ...] = ()
+
+    @property
+    def seq(self) -> int:
+        return self.shapes["tokens"][1]
 
 
 def plan_model(
@@ -88,27 +89,19 @@ def plan_model(
 ) -> ModelProgram:
     """Check everything and lay the step out, before any JAX tracing."""
     jmesh, smesh = meshes(mesh)
-    plan, dropout_seed, s = check_step(cfg, plan, smesh, params, tokens, targets, dropout_seed)
-    missing = unsupported(cfg, plan)
-    if missing is not None:
-        raise EngineError(
-            f"the JAX engine does not run {missing} yet (docs/engines.md says what it needs); "
-            f"shardsim.run_model runs plan {plan} on the stacked NumPy engine"
-        )
+    plan, dropout_seed, _ = check_step(cfg, plan, smesh, params, tokens, targets, dropout_seed)
+    if plan.pp > 1:
+        checks.check_pipeline(cfg, plan, checks.shape_of(tokens)[0])
     dtypes = {k: check_dtype(k, v) for k, v in params.items()}
     for k in ("tokens", "targets"):  # ids below the vocabulary (checked) fit int32, JAX's default
         dtypes[k] = id_dtype(np.asarray(tokens if k == "tokens" else targets).dtype)
     inputs = {"tokens": tokens, "targets": targets, **params}
     shapes = {k: tuple(v.shape) if isinstance(v, ShapeDtype) else tuple(np.shape(v)) for k, v in inputs.items()}
-    laid, work = probe(cfg, plan, smesh, shapes, dtypes)  # shape-only: the layouts, on a twin's ledger
-    layouts = {k: str(v.layout) for k, v in laid.step.weights.items()}
-    layouts["tokens"] = str(laid.tok.layout)
-    layouts.update({f"d{k}": str(laid.grads.done[k].layout) for k in params})
-    layouts.update({k: laid.loss_layouts[k] for k in LOSS_PARTS})
-    partial = [k for k in (*(f"d{k}" for k in params), *LOSS_PARTS) if Layout.parse(layouts[k]).partial]
+    laid = probe(cfg, plan, smesh, shapes, dtypes)  # shape-only: the layouts, on a twin's ledger
+    partial = [k for k in (*(f"d{k}" for k in params), *LOSS_PARTS) if Layout.parse(laid.layouts[k]).partial]
     if partial:
         raise EngineError(f"{plan}: results {partial} of the step are unreduced partial sums")
-    return ModelProgram(cfg, plan, jmesh, smesh, s, layouts, shapes, dtypes, laid.dtype, dropout_seed, tuple(work))
+    return ModelProgram(cfg, plan, jmesh, smesh, laid, shapes, dtypes, dropout_seed)
 
 
 def program_fn(prog: ModelProgram, recorded: dict[str, Any] | None = None) -> Callable[..., Any]:
@@ -117,30 +110,36 @@ def program_fn(prog: ModelProgram, recorded: dict[str, Any] | None = None) -> Ca
     Tracing it records the step's events in a :class:`~shardsim.strategies.stack.Stepped`
     (``recorded["stepped"]``, if ``recorded`` is given) and fills the mesh's ledger.
     """
-    lay, keys = prog.layouts, [k for k in prog.shapes if k not in ("tokens", "targets")]
+    lay, keys = prog.laid.layouts, [k for k in prog.shapes if k not in ("tokens", "targets")]
+    micro = prog.plan.microbatches if prog.plan.pp > 1 else 1
 
-    def body(params: dict[str, Any], tokens: Any, targets: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    def body(params: dict[str, Any], tokens: Any, targets: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         with engines.use(JAX):
-            step = DeviceStep(
-                prog.cfg, prog.plan, prog.mesh, prog.seq, params, tokens, targets,
-                layouts=lay, shapes=prog.shapes, compute=prog.compute, dropout_seed=prog.dropout_seed,
-                attention_work=list(prog.attention_work),
-            )  # fmt: skip
-            stepped = step.run()
+            if prog.plan.pp > 1:
+                stepped, done, parts = run_pipelined_on_device(
+                    prog.cfg, prog.plan, prog.mesh, params, tokens, targets,
+                    laid=prog.laid, shapes=prog.shapes, dropout_seed=prog.dropout_seed,
+                )  # fmt: skip
+            else:
+                step = DeviceStep(
+                    prog.cfg, prog.plan, prog.mesh, params, tokens, targets,
+                    laid=prog.laid, shapes=prog.shapes, dropout_seed=prog.dropout_seed,
+                )  # fmt: skip
+                stepped, done, parts = step.run(), step.grads.done, [step.loss_parts()]
             if recorded is not None:
                 recorded["stepped"] = stepped
-            return {k: local_block(step.grads.done[k]) for k in keys}, step.loss_parts()
+            return {k: local_block(done[k]) for k in keys}, parts
 
     spec = lambda layout: sharding(prog.jmesh, layout).spec  # noqa: E731
     in_specs = ({k: spec(lay[k]) for k in keys}, spec(lay["tokens"]), spec(lay["tokens"]))
-    out_specs = ({k: spec(lay[f"d{k}"]) for k in keys}, {k: spec(lay[k]) for k in LOSS_PARTS})
+    out_specs = ({k: spec(lay[f"d{k}"]) for k in keys}, [{k: spec(lay[k]) for k in LOSS_PARTS}] * micro)
     return jax.shard_map(body, mesh=prog.jmesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
 
 def arguments(prog: ModelProgram, params: Mapping[str, Any], tokens: Any, targets: Any) -> tuple[Any, ...]:
     """``(params, tokens, targets)`` as global ``jax.Array``\\ s with the plan's ``NamedSharding``\\ s (each
     weight in its storage layout, in its own dtype: the program casts it to the compute dtype)."""
-    lay, plan = prog.layouts, prog.plan
+    lay, plan = prog.laid.layouts, prog.plan
     weights = {k: put(np.asarray(v), sharding(prog.jmesh, lay[k])) for k, v in params.items()}
     where = sharding(prog.jmesh, lay["tokens"])
     ids = np.asarray(tokens, prog.dtypes["tokens"]), np.asarray(targets, prog.dtypes["targets"])
@@ -148,6 +147,12 @@ def arguments(prog: ModelProgram, params: Mapping[str, Any], tokens: Any, target
         rows = context_parallel.order(prog.seq, plan.cp, balanced=plan.cp_balanced)
         ids = tuple(context_parallel.permuted(v, rows) for v in ids)
     return weights, put(ids[0], where), put(ids[1], where)
+
+
+def device_loss(parts: Mapping[str, Any]) -> Any:
+    r""":func:`~shardsim.transformer.embedding.mean_loss` of the loss parts as global ``jax.Array``\ s."""
+    z, largest, target = (parts[k] for k in LOSS_PARTS)
+    return jnp.mean(jnp.log(z[..., 0]) + largest[..., 0] - target)
 
 
 def compile_model(
@@ -179,8 +184,7 @@ def compile_model(
 
     def step(params: dict[str, Any], tokens: Any, targets: Any) -> tuple[Any, dict[str, Any]]:
         grads, parts = mapped(params, tokens, targets)
-        z, m, t = (parts[k] for k in LOSS_PARTS)
-        return jnp.mean(jnp.log(z[..., 0]) + m[..., 0] - t), grads
+        return jnp.mean(jnp.stack([device_loss(p) for p in parts])), grads  # microbatches of one size
 
     return jax.jit(step), arguments(prog, params, tokens, targets)
 
@@ -230,8 +234,7 @@ def compile_step(
     @jax.jit
     def run(state: tuple[Any, ...], tokens: Any, targets: Any, factors: Any) -> tuple[tuple[Any, ...], Any]:
         w, m, mom, parts = fn(*state, tokens, targets, factors)
-        z, big, t = (parts[k] for k in LOSS_PARTS)
-        return (w, m, mom), jnp.mean(jnp.log(z[..., 0]) + big[..., 0] - t)
+        return (w, m, mom), device_loss(parts)
 
     def step(state: tuple[Any, ...], tokens: Any, targets: Any, factors: Any) -> tuple[tuple[Any, ...], Any]:
         # each process places its own devices' ids, in the context-parallel order when there is one
@@ -273,14 +276,14 @@ def run_model(
         prog.cfg,
         prog.plan,
         prog.mesh,
-        loss=mean_loss(*(fetch(parts[k]) for k in LOSS_PARTS)),
+        loss=float(np.mean([mean_loss(*(fetch(p[k]) for k in LOSS_PARTS)) for p in parts])),
         sharded_grads={},
         trace=stepped.trace,
         memory=stepped.memory,
         stored=stepped.stored,
         stored_values=stepped.stored_values,
         grads={k: fetch(v) for k, v in grads.items()},
-        layouts={f"d{k}": prog.layouts[f"d{k}"] for k in grads},
+        layouts={f"d{k}": prog.laid.layouts[f"d{k}"] for k in grads},
     )
 
 
