@@ -72,6 +72,30 @@ def stage_chips(cfg: TransformerConfig, plan: Plan, mesh: Mesh, key: str) -> np.
     return np.broadcast_to(stage, mesh.shape).copy()
 
 
+def device_inputs(
+    cfg: TransformerConfig,
+    plan: Plan,
+    mesh: Mesh,
+    blocks: Mapping[str, Any],
+    tokens: Any,
+    targets: Any,
+    laid: Laid,
+    shapes: Mapping[str, tuple[int, ...]],
+) -> tuple[dict[str, ShardedArray], ShardedArray, ShardedArray]:
+    """The weights (in the compute dtype, each held by its pipeline stage), the token ids and the
+    targets as the values a device's blocks are blocks of."""
+    lay = laid.layouts
+    weights = {
+        k: device_value(mesh, b, lay[k], shapes[k], laid.compute, k, "params", stage_chips(cfg, plan, mesh, k))
+        for k, b in blocks.items()
+    }
+    tok, tgt = (
+        device_value(mesh, v, lay["tokens"], shapes["tokens"], np.dtype(v.dtype), k, "activations")
+        for k, v in (("tokens", tokens), ("targets", targets))
+    )
+    return weights, tok, tgt
+
+
 def run_pipelined_on_device(
     cfg: TransformerConfig,
     plan: Plan,
@@ -86,15 +110,7 @@ def run_pipelined_on_device(
 ) -> tuple[Stepped, dict[str, ShardedArray], list[dict[str, Any]]]:
     """The pipelined step (:func:`~.pipelined.run_stages`) on a device's blocks, each weight held by its
     stage: what it measured, the gradients, and each microbatch's blocks of the loss parts."""
-    lay = laid.layouts
-    weights = {
-        k: device_value(mesh, b, lay[k], shapes[k], laid.compute, k, "params", stage_chips(cfg, plan, mesh, k))
-        for k, b in blocks.items()
-    }
-    tok, tgt = (
-        device_value(mesh, v, lay["tokens"], shapes["tokens"], np.dtype(v.dtype), k, "activations")
-        for k, v in (("tokens", tokens), ("targets", targets))
-    )
+    weights, tok, tgt = device_inputs(cfg, plan, mesh, blocks, tokens, targets, laid, shapes)
     with work_log(WorkLog(list(laid.attention_work), replaying=True)):
         run = run_stages(cfg, plan, mesh, weights, tok, tgt, dropout_seed=dropout_seed)
     del weights, tok, tgt
@@ -182,23 +198,16 @@ class DeviceStep(ModelStep):
     ) -> None:
         super().__init__(cfg, plan, mesh, blocks, shapes["tokens"][1])
         self.inputs(tokens, targets, dropout_seed)
-        self.layouts, self.shapes, self.compute = laid.layouts, shapes, laid.compute
-        self.attention_work = list(laid.attention_work)
+        self.laid, self.shapes = laid, shapes
 
     def run(self) -> Stepped:
         """The step (:func:`run_step`), the attention's work per chip replayed from :func:`probe`'s run."""
-        with work_log(WorkLog(list(self.attention_work), replaying=True)):
+        with work_log(WorkLog(list(self.laid.attention_work), replaying=True)):
             return run_step(self)
 
     def place(self) -> None:
-        mesh, lay, shapes = self.mesh, self.layouts, self.shapes
-        self.params = {
-            k: device_value(mesh, b, lay[k], shapes[k], self.compute, k, "params") for k, b in self.params.items()
-        }
-        self.tokens, self.targets = (
-            device_value(mesh, v, lay["tokens"], shapes["tokens"], np.dtype(v.dtype), k, "activations")
-            for k, v in (("tokens", self.tokens), ("targets", self.targets))
-        )
+        args = (self.cfg, self.plan, self.mesh, self.params, self.tokens, self.targets, self.laid, self.shapes)
+        self.params, self.tokens, self.targets = device_inputs(*args)
         super().place()
 
     def loss_parts(self) -> dict[str, Any]:
@@ -210,6 +219,7 @@ class DeviceStep(ModelStep):
 __all__ = [
     "DeviceStep",
     "Laid",
+    "device_inputs",
     "device_value",
     "local_block",
     "loss_layouts",
