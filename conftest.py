@@ -15,5 +15,5 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # Their doctests run from tests/jax_engine/test_doctests.py on the package's own modules: collected
 # here, pytest's importlib mode would import a second copy of them, whose JAX-traced programs
 # then mix with the first copy's engine.
-NEEDS_JAX = ["src/shardsim/engines/jax", "src/shardsim/training/jax_step.py"]
+NEEDS_JAX = ["src/shardsim/engines/jax", "src/shardsim/training/jax_step.py", "src/shardsim/training/jax_model_step.py"]
 collect_ignore = NEEDS_JAX
