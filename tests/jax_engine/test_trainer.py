@@ -28,13 +28,27 @@ CASES = [
     ("zero1", {"X": 4}, Adam(lr=0.01)),
     ("zero2", {"X": 2}, SGD(lr=0.1, momentum=0.9)),
     ("zero3", {"X": 4}, AdamW(lr=0.01)),
+    ("tp_ln", {"Y": 2}, Adam(lr=0.01)),
+    ("tp_sp", {"Y": 4}, SGD(lr=0.1, momentum=0.9)),
+    ("ep", {"Y": 4}, Adam(lr=0.01)),
+    ("dp_ep", {"X": 2, "Y": 2}, AdamW(lr=0.01)),
 ]
+
+
+def params_of(name: str, dtype: str) -> dict[str, np.ndarray]:
+    """Two blocks of the MLP; one block with its LayerNorm, or a mixture of 4 experts, for those schemes."""
+    if name in ("ep", "dp_ep"):
+        return shardsim.models.reference_moe.init(8, 16, seed=2, dtype=dtype, experts=4)
+    if name in ("tp_ln", "tp_sp"):
+        norm = {"gamma": np.linspace(0.5, 1.5, 8).astype(dtype), "beta": np.linspace(-0.1, 0.1, 8).astype(dtype)}
+        return shardsim.models.reference_mlp.init(8, 16, seed=2, dtype=dtype) | norm
+    return shardsim.models.reference_mlp.init_stack(2, 8, 16, seed=2, dtype=dtype)
 
 
 @pytest.mark.parametrize(("name", "shape", "opt"), CASES)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_jax_trainer_equals_numpy_trainer(name: str, shape: dict[str, int], opt: object, dtype: str) -> None:
-    params = shardsim.models.reference_mlp.init_stack(2, 8, 16, seed=2, dtype=dtype)
+    params = params_of(name, dtype)
     rng = np.random.default_rng(2)
     x, y = rng.standard_normal((8, 8)).astype(dtype), rng.standard_normal((8, 8)).astype(dtype)
     got = Trainer(name, shardsim.Mesh(shape), params, opt, activation="gelu", engine="jax")

@@ -6,7 +6,7 @@ them on the JAX mesh with those ``NamedSharding``\\ s and runs the jitted step: 
 own forward and backward inside ``jax.shard_map``, the gradients reduced, every chip
 updating the optimizer state it holds, and under ZeRO-1/2 the AllGather of the updated
 weights. The trace and the ledger are those recorded when the step was first traced (the
-program is the same every step). Supported: ddp, fsdp, tp, fsdp_tp and the ZeRO stages, in
+program is the same every step). Supported: ddp, fsdp, tp, fsdp_tp, tp_ln, tp_sp, ep, dp_ep and the ZeRO stages, in
 the params' own dtype or in mixed precision (``precision="bf16"``: bfloat16 compute, float32
 master weights and moments in the state's layout), with gradients reduced in a separate
 ``reduce_dtype`` if given, without loss scaling yet. The update is the optimizer's own
@@ -48,7 +48,7 @@ from .update import state_slice
 if TYPE_CHECKING:
     from .held import TrainerState
 
-SUPPORTED = ("ddp", "fsdp", "tp", "fsdp_tp", "zero1", "zero2", "zero3")
+SUPPORTED = ("ddp", "fsdp", "tp", "fsdp_tp", "tp_ln", "tp_sp", "ep", "dp_ep", "zero1", "zero2", "zero3")
 
 
 class JaxStep:
